@@ -1,0 +1,3 @@
+from streamchat.app.cli import main
+
+main()

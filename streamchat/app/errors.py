@@ -1,0 +1,32 @@
+"""How failures reach the user: one line on stderr and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from streamchat.errors import StreamchatError
+
+# What shells report for a process ended by Ctrl-C: 128 + SIGINT.
+INTERRUPTED_EXIT_CODE = 130
+
+# Rich drops colour when stderr is not a terminal or NO_COLOR is set; soft wrapping keeps
+# each message on one line for logs and scripts.
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turn domain errors and Ctrl-C inside the block into a message and an exit code."""
+    try:
+        yield
+    except StreamchatError as error:
+        stderr.print(f"[bold red]error:[/] {escape(str(error))}")
+        raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        raise typer.Exit(INTERRUPTED_EXIT_CODE) from None

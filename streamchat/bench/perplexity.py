@@ -1,0 +1,79 @@
+"""Per-token negative log-likelihood of a long text under each caching policy (the paper's Figure 3).
+
+Every policy returns the NLL of tokens 1..n-1 (token 0 has no context), as a float64
+tensor, so running and final perplexities compare token for token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from streamchat.cache import SinkCache, prefill_chunks
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """NLL [n] of targets [n] under logits [n, vocab]."""
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    return -log_probs.gather(1, targets[:, None])[:, 0]
+
+
+class _Collector:
+    """Scores chunks fed in order: a chunk's first token is predicted by the previous chunk's last logits."""
+
+    def __init__(self) -> None:
+        self.pieces: list[torch.Tensor] = []
+        self.previous: torch.Tensor | None = None
+
+    def add(self, chunk_ids: torch.Tensor, logits: torch.Tensor) -> None:
+        """chunk_ids [n] and their logits [n, vocab]."""
+        if self.previous is None:
+            self.pieces.append(_nll(logits[:-1], chunk_ids[1:]))
+        else:
+            self.pieces.append(_nll(torch.cat((self.previous, logits[:-1])), chunk_ids))
+        self.previous = logits[-1:]
+
+    def result(self) -> torch.Tensor:
+        return torch.cat(self.pieces)
+
+
+def streaming_nll(model: Any, ids: torch.Tensor, sinks: int, window: int, chunk: int) -> torch.Tensor:
+    """StreamingLLM: `sinks` + `window` through the sink cache, fed `chunk` tokens at a time.
+
+    sinks=0 is window attention (positions still assigned within the cache).
+    """
+    cache, collector = SinkCache.for_model(model, sinks, window), _Collector()
+    with torch.inference_mode():
+        for chunk_ids, logits in prefill_chunks(model, cache, ids, chunk_size=chunk, all_logits=True):
+            collector.add(chunk_ids[0], logits[0])
+    return collector.result()
+
+
+def dense_nll(model: Any, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """A full cache, positions growing with the text: the model's native behaviour."""
+    cache, collector = DynamicCache(config=model.config), _Collector()
+    with torch.inference_mode():
+        for start in range(0, ids.shape[-1], chunk):
+            chunk_ids = ids[:, start : start + chunk]
+            collector.add(chunk_ids[0], model(input_ids=chunk_ids, cache=cache, use_cache=True).logits[0])
+    return collector.result()
+
+
+def recompute_nll(model: Any, ids: torch.Tensor, window: int, chunk: int) -> torch.Tensor:
+    """Sliding window with recomputation, the oracle: no cache, each chunk re-reads its last `window` tokens.
+
+    Exact per token when chunk == 1. With chunk c, a chunk's tokens see between
+    window - c + 1 and window earlier tokens (a documented approximation for speed).
+    """
+    pieces = []
+    with torch.inference_mode():
+        for start in range(1, ids.shape[-1], chunk):
+            stop = min(start + chunk, ids.shape[-1])
+            context_start = max(0, stop - 1 - window)
+            context = ids[:, context_start : stop - 1]
+            logits = model(input_ids=context, use_cache=False).logits[0]
+            count = stop - start
+            pieces.append(_nll(logits[-count:], ids[0, start:stop]))
+    return torch.cat(pieces)

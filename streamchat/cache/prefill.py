@@ -1,0 +1,60 @@
+"""Feed any number of tokens through a sink cache, in chunks, evicting as it goes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from streamchat.cache.sink_cache import SinkCache
+from streamchat.defaults import PREFILL_CHUNK
+from streamchat.errors import CacheConfigError
+
+
+def chunk_sizes(total: int, cache: SinkCache, chunk_size: int = PREFILL_CHUNK) -> Iterator[int]:
+    """Chunk lengths that feed `total` tokens; none is longer than the window or `chunk_size`."""
+    if chunk_size < 1:
+        raise CacheConfigError(f"chunk_size={chunk_size}: must be >= 1")
+    step = min(chunk_size, cache.window)
+    fed = 0
+    while fed < total:
+        size = min(step, total - fed)
+        yield size
+        fed += size
+
+
+def prefill_chunks(
+    model: Any,
+    cache: SinkCache,
+    input_ids: torch.Tensor,
+    chunk_size: int = PREFILL_CHUNK,
+    all_logits: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Feed input_ids [1, n]; yield (chunk ids [1, c], logits) per chunk.
+
+    Logits are [1, c, vocab] with `all_logits`, else only the last position's [1, 1, vocab].
+    """
+    start = 0
+    for size in chunk_sizes(input_ids.shape[-1], cache, chunk_size):
+        chunk = input_ids[:, start : start + size]
+        cache.evict_for_space(size)
+        output = model(
+            input_ids=chunk,
+            cache=cache,
+            position_ids=cache.position_ids(size, device=chunk.device),
+            use_cache=True,
+            logits_to_keep=0 if all_logits else 1,
+        )
+        yield chunk, output.logits
+        start += size
+
+
+def prefill(
+    model: Any, cache: SinkCache, input_ids: torch.Tensor, chunk_size: int = PREFILL_CHUNK
+) -> torch.Tensor:
+    """Feed input_ids [1, n] (n >= 1) and return the logits [vocab] after the last token."""
+    if input_ids.shape[-1] == 0:
+        raise CacheConfigError("prefill needs at least one token")
+    *_, (_, last_logits) = prefill_chunks(model, cache, input_ids, chunk_size)
+    return last_logits[0, -1]

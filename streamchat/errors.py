@@ -1,0 +1,70 @@
+"""The domain errors. Only the CLI turns them into one-line messages and exit codes.
+
+This module imports nothing, so every layer (the cache included) can raise these
+without pulling in UI or loading code. Each message names the bad value and says
+what to do about it.
+"""
+
+
+class StreamchatError(Exception):
+    """Base class: a problem the user can fix, reported in one line without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(StreamchatError):
+    """An option, config-file entry or environment variable has a bad value."""
+
+    exit_code = 2
+
+
+class CacheConfigError(ConfigError):
+    """The sink cache was asked for an impossible shape (sizes, step length)."""
+
+
+class ModelNotFoundError(StreamchatError):
+    """The --model value names no alias, local directory, GGUF file or hub repository."""
+
+    exit_code = 3
+
+
+class ModelAccessError(StreamchatError):
+    """The model exists but cannot be fetched: offline hub, gated repository, missing token."""
+
+    exit_code = 4
+
+
+class UnsupportedModelError(StreamchatError):
+    """The model's architecture cannot use a sink cache, or has not been verified with it."""
+
+    exit_code = 5
+
+
+class ChatTemplateError(UnsupportedModelError):
+    """The model's chat template refuses the conversation, or cannot be fed one turn at a time."""
+
+
+class OutOfMemoryError(StreamchatError):
+    """The model or the cache does not fit on the chosen device."""
+
+    exit_code = 6
+
+
+class TranscriptError(StreamchatError):
+    """A piped transcript or its file cannot be read."""
+
+    exit_code = 7
+
+
+class SessionFileError(StreamchatError):
+    """A saved session cannot be written or loaded."""
+
+    exit_code = 8
+
+
+class CacheStateError(StreamchatError):
+    """The sink cache was driven out of order (an interrupted forward pass, a foreign caller)."""
+
+
+class CommandError(StreamchatError):
+    """A slash command typed at the chat prompt is unknown or misses its argument; the chat goes on."""

@@ -1,0 +1,38 @@
+"""Short names for common chat models: the table behind `--model` and `streamchat models`."""
+
+from __future__ import annotations
+
+import difflib
+
+from streamchat import defaults
+
+# alias -> Hugging Face hub id. Chat or instruction-tuned variants only: streamchat is a chat app.
+ALIASES: dict[str, str] = {
+    "llama-2-7b-chat": "meta-llama/Llama-2-7b-chat-hf",
+    "llama-2-13b-chat": "meta-llama/Llama-2-13b-chat-hf",
+    "vicuna-7b": "lmsys/vicuna-7b-v1.3",
+    "vicuna-13b": "lmsys/vicuna-13b-v1.3",
+    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.2-3b-instruct": "meta-llama/Llama-3.2-3B-Instruct",
+    "mistral-7b-instruct": "mistralai/Mistral-7B-Instruct-v0.3",
+    "qwen2.5-0.5b-instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "gemma-2-2b-it": "google/gemma-2-2b-it",
+    "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
+    defaults.DEFAULT_MODEL: defaults.DEFAULT_MODEL_HUB_ID,
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "tinyllama-chat": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+}
+
+# alias -> (Python package, GGUF file inside it): a copy that works without the hub.
+# The package is preferred when installed; the hub id above is the fallback.
+PACKAGED_GGUFS: dict[str, tuple[str, str]] = {
+    defaults.DEFAULT_MODEL: (defaults.DEFAULT_MODEL_PACKAGE, defaults.DEFAULT_MODEL_GGUF),
+}
+
+
+def closest_aliases(name: str, limit: int = 3) -> list[str]:
+    """The aliases that look most like a mistyped `name`, best first."""
+    return difflib.get_close_matches(name.lower(), ALIASES, n=limit, cutoff=0.5)

@@ -1,0 +1,125 @@
+"""Converting a GGUF file once into a transformers model directory that later starts load directly.
+
+transformers reads GGUF by dequantizing every tensor and rebuilding the tokenizer from
+metadata, which takes 30-45 s for the default model on every load. The converted copy
+(safetensors weights, config, generation config, tokenizer, chat template) loads in a
+second or two.
+
+Layout under cache_root():
+
+    converted/<file stem>-<hash of its absolute path>/<size>-<mtime_ns>-transformers-<version>/
+
+The entry is named after the source file's fingerprint, so a file that is replaced or
+edited (new size or modification time) gets a new entry, and so does a new transformers
+release, whose GGUF converter may have changed. A content hash would also notice a rewrite
+that keeps size and mtime, but it would read the whole file on every start to guard against
+something no download or editor does.
+
+An entry appears complete or not at all: it is written into a temporary sibling directory
+and renamed into place, which is atomic on one file system.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+
+from streamchat import defaults
+from streamchat.errors import StreamchatError
+from streamchat.loading.configs import read_supported_config
+from streamchat.loading.failures import model_errors
+
+Notify = Callable[[str], None]
+
+_PARTIAL_PREFIX = ".partial-"
+# A partial entry untouched for this long belongs to a conversion that was killed outright.
+_ABANDONED_AFTER_S = 24 * 3600
+
+
+def cache_root() -> Path:
+    """streamchat's cache directory: $STREAMCHAT_CACHE_DIR, else the platform's user cache."""
+    override = os.environ.get(defaults.CACHE_DIR_ENV)
+    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir(defaults.APP_NAME))
+
+
+def conversion_dir(gguf: Path) -> Path:
+    """Where the converted copy of `gguf` lives; it exists once a conversion has finished."""
+    source = gguf.resolve()
+    stat = source.stat()
+    path_digest = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    fingerprint = (
+        f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{importlib.metadata.version('transformers')}"
+    )
+    return cache_root() / "converted" / f"{source.stem}-{path_digest}" / fingerprint
+
+
+def convert_gguf(gguf: Path, name: str, notify: Notify) -> Path:
+    """The converted model directory for `gguf`, converting it first unless an earlier run did."""
+    entry = conversion_dir(gguf)
+    if entry.is_dir():
+        return entry
+    # Refuse unsupported architectures before spending the conversion time on them.
+    read_supported_config(gguf.parent, name, gguf_file=gguf.name)
+    notify(
+        f"Converting {gguf.name} to a transformers model. This happens once and takes about "
+        f"30-45 s for a small model; later starts load the copy in {entry.parent}."
+    )
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=_PARTIAL_PREFIX, dir=entry.parent))
+    try:
+        _write_conversion(gguf, name, partial)
+        _publish(partial, entry)
+    finally:
+        # After a successful publish the partial directory is gone; otherwise this removes
+        # what an error or Ctrl-C left behind.
+        shutil.rmtree(partial, ignore_errors=True)
+    _sweep_siblings(entry)
+    return entry
+
+
+def _write_conversion(gguf: Path, name: str, destination: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with model_errors(name):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers marks a model read from GGUF as quantized and refuses to save it, although
+    # its weights are already dequantized; dropping that mark is all saving needs.
+    model.hf_quantizer.remove_quantization_config(model)
+    try:
+        model.save_pretrained(destination)  # safetensors, config and generation config
+        tokenizer.save_pretrained(destination)
+    except OSError as error:
+        raise StreamchatError(
+            f"cannot write the converted model to {destination.parent}: {error.strerror or error}; "
+            f"free some space or point {defaults.CACHE_DIR_ENV} elsewhere"
+        ) from error
+
+
+def _publish(partial: Path, entry: Path) -> None:
+    try:
+        partial.rename(entry)
+    except OSError:
+        # Another streamchat finished converting the same file first: keep its copy.
+        if not entry.is_dir():
+            raise
+
+
+def _sweep_siblings(entry: Path) -> None:
+    """Remove entries for older versions of the same file, and partials of killed conversions."""
+    for sibling in entry.parent.iterdir():
+        running = sibling.name.startswith(_PARTIAL_PREFIX) and _age_s(sibling) < _ABANDONED_AFTER_S
+        if sibling != entry and not running:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _age_s(path: Path) -> float:
+    return time.time() - path.stat().st_mtime

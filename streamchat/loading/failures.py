@@ -1,0 +1,50 @@
+"""Turning what huggingface_hub, transformers and torch raise into one-line domain errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from streamchat.errors import ModelNotFoundError, OutOfMemoryError, UnsupportedModelError
+
+# How torch words allocation failures: "CUDA out of memory", "MPS backend out of memory",
+# and on CPU "DefaultCPUAllocator: can't allocate memory".
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
+
+
+@contextmanager
+def model_errors(name: str) -> Iterator[None]:
+    """Report failures while reading, converting or loading the model `name` as domain errors."""
+    try:
+        yield
+    except MemoryError as error:
+        raise _out_of_memory(name) from error
+    except RuntimeError as error:
+        if not any(text in str(error) for text in _OUT_OF_MEMORY):
+            raise
+        raise _out_of_memory(name) from error
+    except ValueError as error:
+        # Unknown model types, GGUF files transformers cannot convert, custom code not trusted.
+        hint = " Pass --trust-remote-code if you trust its code." if "trust_remote_code" in str(error) else ""
+        raise UnsupportedModelError(f"{_about(name, error)}{hint}") from error
+    except OSError as error:
+        # transformers reports missing or unreadable model files as OSError.
+        raise ModelNotFoundError(f"{name} is not a usable model: {_first_line(error)}") from error
+
+
+def _out_of_memory(name: str) -> OutOfMemoryError:
+    return OutOfMemoryError(
+        f"out of memory while loading {name}; try --dtype bfloat16 or float16, or a smaller model"
+    )
+
+
+def _about(name: str, error: BaseException) -> str:
+    """The error's first line, prefixed with the model's name unless it already says it."""
+    message = _first_line(error)
+    return message if name in message else f"{name}: {message}"
+
+
+def _first_line(error: BaseException) -> str:
+    """A library's error message cut to its first line: ours are one line each."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

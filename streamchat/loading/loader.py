@@ -1,0 +1,133 @@
+"""load_model: from a --model value to a model and tokenizer ready to chat."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamchat import defaults
+from streamchat.loading.configs import read_supported_config
+from streamchat.loading.conversion import Notify, convert_gguf
+from streamchat.loading.device import Placement, detect_accelerators, plan_placement
+from streamchat.loading.failures import model_errors
+from streamchat.loading.hub import download_model
+from streamchat.loading.resolve import ModelSource, resolve_model
+from streamchat.loading.weights import ensure_loadable_weights
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from streamchat.cache.architectures import RotaryLayout
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Everything that decides which model is loaded, where and how."""
+
+    # An alias, hub id, model directory or .gguf file; None means the default model.
+    model: str | None = None
+    device: str = defaults.DEVICE
+    dtype: str = defaults.DTYPE
+    # "auto" spreads the model over all GPUs through accelerate; None keeps it on one device.
+    device_map: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for generation, with what the engine and the UI need to know about it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: ModelSource
+    # The local directory the weights came from: the model itself, a hub snapshot or a GGUF conversion.
+    directory: Path
+    model_type: str
+    rotary_layout: RotaryLayout
+    # Where input ids go: the device of the input embeddings (the first GPU under --device-map auto).
+    device: torch.device
+    dtype: torch.dtype
+    # The context length the model was trained for, if its config says.
+    max_context: int | None
+    parameters: int
+    load_seconds: float
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.chat_template is not None
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
+    """Resolve, fetch or convert if needed, check, and load `options.model`.
+
+    `notify` receives one-line progress notes (such as a first GGUF conversion) for the UI.
+    Every failure a user can fix is raised as a StreamchatError subclass.
+    """
+    started = time.perf_counter()
+    source = resolve_model(options.model)
+    # Settled first: an unavailable device should fail before a download or a conversion.
+    placement = plan_placement(options.device, options.dtype, options.device_map, detect_accelerators())
+    directory = _local_directory(source, options, notify)
+    config, rotary_layout = read_supported_config(
+        directory, source.name, trust_remote_code=options.trust_remote_code
+    )
+    ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
+    model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
+    text_config = config.get_text_config(decoder=True)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        directory=directory,
+        model_type=text_config.model_type,
+        rotary_layout=rotary_layout,
+        device=model.get_input_embeddings().weight.device,
+        dtype=model.dtype,
+        max_context=getattr(text_config, "max_position_embeddings", None),
+        parameters=model.num_parameters(),
+        load_seconds=time.perf_counter() - started,
+    )
+
+
+def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) -> Path:
+    if source.kind == "gguf":
+        return convert_gguf(source.path, source.name, notify)
+    if source.kind == "hub":
+        return download_model(
+            source.location, allow_pickle=options.allow_pickle, trust_remote_code=options.trust_remote_code
+        )
+    return source.path
+
+
+def _load_pretrained(
+    directory: Path, config: PreTrainedConfig, placement: Placement, options: LoadOptions, name: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    # The sink cache relies on the sdpa/eager attention-mask path; sdpa where the model
+    # supports it (Gemma 2's logit softcapping does not), eager otherwise.
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    attention = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    with model_errors(name):
+        model = AutoModelForCausalLM.from_pretrained(
+            directory,
+            config=config,
+            dtype=getattr(torch, placement.dtype),
+            device_map=placement.device_map,
+            attn_implementation=attention,
+            # None lets transformers fall back to pickled .bin files when there are no safetensors.
+            use_safetensors=None if options.allow_pickle else True,
+            trust_remote_code=options.trust_remote_code,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
+    return model, tokenizer

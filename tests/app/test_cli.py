@@ -1,0 +1,240 @@
+"""The real `streamchat` command, run as a user would: a separate process, its output and exit code."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from streamchat import __version__, defaults
+from streamchat.cache.architectures import supported_list
+from streamchat.loading.aliases import ALIASES
+from streamchat.loading.conversion import convert_gguf
+from tests.support.gguf_files import write_tiny_gguf
+
+STREAMCHAT = [sys.executable, "-m", "streamchat"]
+
+
+def streamchat(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # A wide terminal, so that tables keep each row on one line.
+    environment = {**os.environ, "COLUMNS": "250", **env}
+    return subprocess.run([*STREAMCHAT, *args], capture_output=True, text=True, env=environment, timeout=300)
+
+
+def imported_modules(importtime_log: str) -> set[str]:
+    """Top-level package names in the stderr of `python -X importtime`."""
+    lines = [line for line in importtime_log.splitlines() if line.startswith("import time:")]
+    return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
+
+
+@pytest.fixture
+def packaged_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny GGUF installed as the default model's package, ahead of any real one."""
+    site = tmp_path / "site"
+    package = site / defaults.DEFAULT_MODEL_PACKAGE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    return write_tiny_gguf(package / defaults.DEFAULT_MODEL_GGUF)
+
+
+def test_version_answers_without_importing_torch():
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "streamchat", "--version"], capture_output=True, text=True
+    )
+    assert (result.returncode, result.stdout) == (0, f"streamchat {__version__}\n")
+    assert {"streamchat", "typer"} <= imported_modules(result.stderr)
+    assert not {"torch", "transformers"} & imported_modules(result.stderr)
+
+
+def test_the_installed_console_script_runs():
+    script = shutil.which("streamchat", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("streamchat is not installed as a console script next to this Python")
+    result = subprocess.run([script, "--version"], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (0, f"streamchat {__version__}\n")
+
+
+def test_models_lists_every_alias_and_what_works_offline(packaged_default: Path):
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "streamchat", "models"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert result.returncode == 0
+    assert not {"torch", "transformers"} & imported_modules(result.stderr)
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert list(rows) == list(ALIASES)
+    default_row = rows[defaults.DEFAULT_MODEL].split()
+    assert default_row[1:3] == ["(default)", str(packaged_default.resolve())]
+    assert " ".join(default_row[3:]) == "yes, packaged GGUF (converts once on first use)"
+    assert rows["llama-2-7b-chat"].split() == ["llama-2-7b-chat", "meta-llama/Llama-2-7b-chat-hf", "no"]
+
+
+def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Path):
+    first = streamchat("info")
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.startswith(f"Converting {defaults.DEFAULT_MODEL_GGUF} to a transformers model.")
+    rows = [line.rstrip() for line in first.stdout.splitlines()]
+    assert rows[:9] == [
+        f"model          {defaults.DEFAULT_MODEL}",
+        f"source         GGUF file {packaged_default.resolve()}",
+        "model type     llama",
+        "parameters     27,008",
+        "device         cpu",
+        "dtype          float32",
+        "max context    256 tokens",
+        "chat template  yes",
+        rows[8],
+    ]
+    assert rows[8].startswith("load time      ") and rows[8].endswith(" s")
+    converted = Path(rows[9].removeprefix("files").strip())
+    assert (converted / "model.safetensors").is_file()
+
+    second = streamchat("info")
+    assert second.returncode == 0
+    assert "Converting" not in second.stderr
+    assert second.stdout.splitlines()[9] == first.stdout.splitlines()[9]
+    models = streamchat("models").stdout.splitlines()
+    default_row = next(line for line in models if line.startswith(defaults.DEFAULT_MODEL))
+    assert default_row.rstrip().endswith(f"{packaged_default.resolve()}  yes, packaged GGUF")
+
+
+def test_run_loads_the_model_with_its_options(tmp_path: Path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    result = streamchat("run", "--model", str(gguf), "--dtype", "bfloat16", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert f"source         GGUF file {gguf}" in result.stdout
+    assert "dtype          bfloat16" in result.stdout
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def unsupported_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "gpt2"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    return directory
+
+
+@pytest.fixture
+def too_large_dir(tmp_path: Path) -> Path:
+    """A model whose ten-billion-token embedding (1.3 TB) cannot be allocated."""
+    converted = convert_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), "tiny", print)
+    directory = shutil.copytree(converted, tmp_path / "huge")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "vocab_size": 10_000_000_000}))
+    save_file({"model.norm.weight": torch.ones(config["hidden_size"])}, directory / "model.safetensors")
+    return directory
+
+
+def test_an_unknown_alias_suggests_close_names():
+    result = streamchat("info", "--model", "lama-2-7b-chat")
+    assert (result.returncode, result.stdout) == (3, "")
+    assert result.stderr == (
+        "error: unknown model alias 'lama-2-7b-chat'; did you mean llama-2-7b-chat, llama-2-13b-chat or "
+        "tinyllama-chat? Run `streamchat models` for the aliases, or pass a hub id (owner/name), a model "
+        "directory or a .gguf file.\n"
+    )
+
+
+def test_a_missing_path_is_reported():
+    result = streamchat("run", "-m", "./models/missing.gguf")
+    assert (result.returncode, result.stderr) == (
+        3,
+        "error: no such file or directory: ./models/missing.gguf\n",
+    )
+
+
+def test_a_hub_model_missing_from_the_cache_in_offline_mode():
+    result = streamchat("info", "-m", "owner/model", HF_HUB_OFFLINE="1")
+    assert result.returncode == 4
+    assert result.stderr == (
+        "error: owner/model is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; unset it to "
+        "download, or pass a local directory or .gguf file (`streamchat models` shows what is available "
+        "offline)\n"
+    )
+
+
+def test_an_unreachable_hub_is_reported_with_what_to_do():
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    result = streamchat("info", "-m", "owner/model", HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint)
+    assert result.returncode == 4
+    assert result.stderr == (
+        f"error: cannot reach the Hugging Face hub at {endpoint} to download owner/model, and it is not "
+        "cached; check the connection, pass a local directory or .gguf file, run `streamchat models` to see "
+        "what is available offline, or set HF_HUB_OFFLINE=1 to use the cache only\n"
+    )
+
+
+def test_an_unsupported_architecture_names_the_supported_ones(unsupported_dir: Path):
+    result = streamchat("info", "-m", str(unsupported_dir))
+    assert result.returncode == 5
+    assert result.stderr.startswith(
+        "error: model type 'gpt2' cannot stream: it uses learned absolute position"
+    )
+    assert result.stderr.endswith(f"Supported model types: {supported_list()}.\n")
+    assert result.stderr.count("\n") == 1
+
+
+def test_out_of_memory_suggests_a_smaller_dtype(too_large_dir: Path):
+    result = streamchat("info", "-m", str(too_large_dir))
+    assert result.returncode == 6
+    # transformers reports the missing weights first; the last line is ours.
+    assert result.stderr.splitlines()[-1] == (
+        f"error: out of memory while loading {too_large_dir}; "
+        "try --dtype bfloat16 or float16, or a smaller model"
+    )
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_unavailable_device_is_a_usage_error():
+    result = streamchat("info", "--device", "cuda")
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: --device cuda: torch sees no CUDA GPU here; use --device auto or --device cpu\n",
+    )
+
+
+def test_errors_are_red_only_where_colour_is_allowed():
+    coloured = streamchat("info", "-m", "zzz", FORCE_COLOR="1")
+    assert coloured.stderr.startswith("\x1b[1;31merror:\x1b[0m unknown model alias 'zzz'.")
+    plain = streamchat("info", "-m", "zzz", FORCE_COLOR="1", NO_COLOR="1")
+    assert "\x1b[1;31m" not in plain.stderr
+    assert plain.stderr.endswith(
+        "unknown model alias 'zzz'. Run `streamchat models` for the aliases, or pass "
+        "a hub id (owner/name), a model directory or a .gguf file.\n"
+    )
+
+
+def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_default: Path):
+    process = subprocess.Popen(
+        [*STREAMCHAT, "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    notice = process.stderr.readline()
+    assert notice.startswith("Converting"), notice
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 130
+    assert stdout == ""
+    assert stderr.splitlines()[-1] == "interrupted"
+    assert "Traceback" not in stderr
+    # Neither a converted copy nor a partial one: at most the empty folder for this file.
+    cache = Path(os.environ["STREAMCHAT_CACHE_DIR"])
+    assert [path for path in cache.rglob("*") if path.is_file() or path.name.startswith(".partial")] == []

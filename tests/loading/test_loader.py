@@ -1,0 +1,174 @@
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from streamchat.errors import (
+    ConfigError,
+    ModelAccessError,
+    ModelNotFoundError,
+    OutOfMemoryError,
+    UnsupportedModelError,
+)
+from streamchat.loading import LoadedModel, LoadOptions, load_model
+from streamchat.loading.conversion import conversion_dir, convert_gguf
+from tests.support.gguf_files import CONTEXT_LENGTH, write_tiny_gguf
+
+PROMPT = [{"role": "user", "content": "hello world"}]
+TINY_PARAMETERS = 27008
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A plain transformers model directory: the tiny GGUF, converted once for this module."""
+    root = tmp_path_factory.mktemp("model")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STREAMCHAT_CACHE_DIR", str(root / "cache"))
+        converted = convert_gguf(write_tiny_gguf(root / "tiny.gguf"), "tiny", print)
+    yield shutil.copytree(converted, root / "tiny-model")
+
+
+def logits(loaded: LoadedModel) -> torch.Tensor:
+    ids = loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt")
+    with torch.no_grad():
+        return loaded.model(input_ids=ids["input_ids"].to(loaded.device)).logits.float()
+
+
+def test_a_gguf_loads_exactly_as_transformers_reads_it(tmp_path: Path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    notes: list[str] = []
+    loaded = load_model(LoadOptions(model=str(gguf)), notify=notes.append)
+
+    assert len(notes) == 1
+    assert loaded.source.kind == "gguf"
+    assert loaded.directory == conversion_dir(gguf)
+    assert (loaded.model_type, loaded.rotary_layout) == ("llama", "rotate_half")
+    assert (loaded.device, loaded.dtype) == (torch.device("cpu"), torch.float32)
+    assert (loaded.max_context, loaded.parameters) == (CONTEXT_LENGTH, TINY_PARAMETERS)
+    assert loaded.has_chat_template
+    assert loaded.model.config._attn_implementation == "sdpa"
+    assert loaded.load_seconds > 0
+
+    reference_model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name)
+    reference_tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf.name)
+    rendered = reference_tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert (
+        loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False) == rendered
+    )
+    assert loaded.tokenizer(rendered).input_ids == reference_tokenizer(rendered).input_ids
+    ids = reference_tokenizer(rendered, return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(loaded.model(input_ids=ids).logits, reference_model(input_ids=ids).logits)
+
+
+def test_a_model_directory_loads_in_the_requested_dtype(model_dir: Path):
+    loaded = load_model(LoadOptions(model=str(model_dir), dtype="bfloat16"))
+    assert (loaded.source.kind, loaded.directory) == ("directory", model_dir)
+    assert loaded.dtype == torch.bfloat16
+    assert all(parameter.dtype == torch.bfloat16 for parameter in loaded.model.parameters())
+
+
+def test_pickled_weights_load_only_with_allow_pickle(model_dir: Path, tmp_path: Path):
+    pickled = shutil.copytree(model_dir, tmp_path / "pickled")
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+
+    with pytest.raises(ModelAccessError) as raised:
+        load_model(LoadOptions(model=str(pickled)))
+    assert str(raised.value) == (
+        f"{pickled} has no safetensors weights (model*.safetensors). If it ships pickled weights "
+        "(pytorch_model*.bin) and you trust its publisher, pass --allow-pickle."
+    )
+    allowed = load_model(LoadOptions(model=str(pickled), allow_pickle=True))
+    assert torch.equal(logits(allowed), logits(load_model(LoadOptions(model=str(model_dir)))))
+
+
+def test_a_directory_without_weights_is_refused(model_dir: Path, tmp_path: Path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(model_dir / "config.json", empty)
+    with pytest.raises(ModelAccessError, match=r"has no safetensors weights"):
+        load_model(LoadOptions(model=str(empty), allow_pickle=False))
+    with pytest.raises(ModelAccessError, match=r"has no weights: found neither model\*\.safetensors nor"):
+        load_model(LoadOptions(model=str(empty), allow_pickle=True))
+
+
+def write_config(directory: Path, **config: object) -> Path:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_an_unsupported_architecture_is_refused_before_its_weights_are_looked_at(tmp_path: Path):
+    gpt2 = write_config(tmp_path / "gpt2", model_type="gpt2")
+    with pytest.raises(UnsupportedModelError, match="model type 'gpt2' cannot stream") as raised:
+        load_model(LoadOptions(model=str(gpt2)))
+    assert raised.value.exit_code == 5
+
+
+def test_a_model_type_transformers_does_not_know_is_unsupported(tmp_path: Path):
+    unknown = write_config(tmp_path / "unknown", model_type="frobnicator")
+    with pytest.raises(
+        UnsupportedModelError, match=r"has model type `frobnicator` but Transformers does not"
+    ):
+        load_model(LoadOptions(model=str(unknown)))
+
+
+def test_a_broken_config_is_not_a_usable_model(tmp_path: Path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(
+        ModelNotFoundError, match=r"broken is not a usable model: It looks like the config file"
+    ):
+        load_model(LoadOptions(model=str(broken)))
+
+
+def test_custom_code_runs_only_with_trust_remote_code(tmp_path: Path):
+    custom = write_config(
+        tmp_path / "custom",
+        model_type="custom",
+        auto_map={"AutoConfig": "configuration_custom.CustomConfig"},
+    )
+    marker = tmp_path / "custom-code-ran"
+    (custom / "configuration_custom.py").write_text(
+        "from pathlib import Path\n"
+        "from transformers import PretrainedConfig\n"
+        f"Path({str(marker)!r}).touch()\n"
+        "class CustomConfig(PretrainedConfig):\n"
+        "    model_type = 'custom'\n"
+    )
+    with pytest.raises(UnsupportedModelError, match=r"Pass --trust-remote-code if you trust its code\.$"):
+        load_model(LoadOptions(model=str(custom)))
+    assert not marker.exists()
+
+    with pytest.raises(UnsupportedModelError, match="model type 'custom' cannot stream"):
+        load_model(LoadOptions(model=str(custom), trust_remote_code=True))
+    assert marker.exists()
+
+
+def test_a_model_too_large_for_memory_is_reported_as_such(model_dir: Path, tmp_path: Path):
+    huge = shutil.copytree(model_dir, tmp_path / "huge")
+    config = json.loads((huge / "config.json").read_text())
+    # Ten billion tokens of embeddings (1.3 TB): the allocation fails at once.
+    config["vocab_size"] = 10_000_000_000
+    (huge / "config.json").write_text(json.dumps(config))
+    save_file({"model.norm.weight": torch.ones(config["hidden_size"])}, huge / "model.safetensors")
+
+    with pytest.raises(OutOfMemoryError) as raised:
+        load_model(LoadOptions(model=str(huge)))
+    assert str(raised.value) == (
+        f"out of memory while loading {huge}; try --dtype bfloat16 or float16, or a smaller model"
+    )
+    assert raised.value.exit_code == 6
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_unavailable_device_fails_before_any_download():
+    with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA GPU here"):
+        load_model(LoadOptions(model="owner/not-downloaded", device="cuda"))
