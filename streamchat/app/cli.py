@@ -52,8 +52,7 @@ DtypeOption = Annotated[
     str,
     typer.Option(
         metavar=f"[{'|'.join(defaults.DTYPES)}]",
-        help="Weight precision. auto picks bfloat16 on GPUs that support it, float16 on other GPUs, "
-        "float32 on CPU.",
+        help="Weight precision. auto picks bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU.",
     ),
 ]
 DeviceMapOption = Annotated[
@@ -119,11 +118,7 @@ def models() -> None:
 
 def _availability(entry: CatalogEntry) -> str:
     if entry.source.kind == "gguf":
-        return (
-            "yes, packaged GGUF (converts once on first use)"
-            if entry.needs_conversion
-            else "yes, packaged GGUF"
-        )
+        return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
     return "yes, in the Hugging Face cache" if entry.offline else "no"
 
 

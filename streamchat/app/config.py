@@ -204,9 +204,7 @@ def find_config_file(env: Mapping[str, str]) -> Path | None:
     return None
 
 
-def resolve_run_config(
-    cli: Mapping[str, object], env: Mapping[str, str], config_file: Path | None
-) -> RunConfig:
+def resolve_run_config(cli: Mapping[str, object], env: Mapping[str, str], config_file: Path | None) -> RunConfig:
     """The run configuration from every source, highest precedence last.
 
     `cli` holds the options the user gave, keyed by name with dashes or underscores

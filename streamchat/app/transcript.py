@@ -147,8 +147,7 @@ def _decoded_lines(stream: Iterable[bytes], name: str) -> Iterator[tuple[int, st
     for number, raw in enumerate(stream, start=1):
         if b"\0" in raw:
             raise TranscriptError(
-                f"{name} line {number}: contains a NUL byte; this looks like a binary file, "
-                "not a UTF-8 text transcript"
+                f"{name} line {number}: contains a NUL byte; this looks like a binary file, not a UTF-8 text transcript"
             )
         try:
             text = raw.decode("utf-8")
@@ -199,9 +198,7 @@ def _joined(block: list[tuple[int, str]]) -> UserTurn:
     return UserTurn("\n".join(text for _, text in block).strip(), block[0][0])
 
 
-def _json_items(
-    lines: Iterator[tuple[int, str]], name: str, keys: tuple[str, ...]
-) -> Iterator[TranscriptItem]:
+def _json_items(lines: Iterator[tuple[int, str]], name: str, keys: tuple[str, ...]) -> Iterator[TranscriptItem]:
     for number, text in lines:
         if not text.strip():
             continue

@@ -7,6 +7,8 @@ steps, so all layers stay in lockstep.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
@@ -19,6 +21,8 @@ class _RingLayer(CacheLayerMixin):
 
     is_compileable = False
     is_croppable = False
+    # What snapshot() saves and restore() puts back.
+    _state = ("keys", "values", "is_initialized", "steps")
 
     def __init__(self, slots: int, rotary: RotaryTable) -> None:
         super().__init__()
@@ -50,6 +54,13 @@ class _RingLayer(CacheLayerMixin):
         self.is_initialized = False
         self.steps = 0
 
+    def snapshot(self) -> dict[str, Any]:
+        return {name: _copied(getattr(self, name)) for name in self._state}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, _copied(value))
+
     def _write_runs(self, base: int, runs: tuple[Run, ...], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy keys/values [batch, heads, n, dim], in order, into the slot runs (offset by `base`)."""
         taken = 0
@@ -80,6 +91,7 @@ class SinkLayer(_RingLayer):
     """
 
     is_sliding = False
+    _state = (*_RingLayer._state, "pristine_sinks", "sink_partners", "sink_shift", "sinks_written")
 
     def __init__(self, sinks: int, window: int, rotary: RotaryTable) -> None:
         super().__init__(sinks + window, rotary)
@@ -110,9 +122,7 @@ class SinkLayer(_RingLayer):
             self.pristine_sinks[:, :, first:last] = pristine
             self.sink_partners[:, :, first:last] = self.rotary.partner(pristine)
             self.sinks_written = last
-        self._write_runs(
-            self.sinks, step.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:]
-        )
+        self._write_runs(self.sinks, step.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:])
         if step.roll:
             self._roll(self.sinks, self.slots, step.roll)
         self.place_sinks(step.sink_shift)
@@ -171,3 +181,7 @@ class SlidingLayer(_RingLayer):
     def rebase(self, delta: int) -> None:
         if self.is_initialized:
             self._rotate_slots(0, self.slots, -delta)
+
+
+def _copied(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value

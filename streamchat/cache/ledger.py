@@ -117,9 +117,7 @@ class StreamLedger:
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
             raise CacheConfigError(f"sinks={sinks!r}: must be a whole number >= 0")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise CacheConfigError(
-                f"window={window!r}: must be a whole number >= 1 (a decode step needs one slot)"
-            )
+            raise CacheConfigError(f"window={window!r}: must be a whole number >= 1 (a decode step needs one slot)")
         self.sinks = sinks
         self.window = window
         self.sinks_held = 0

@@ -50,9 +50,7 @@ def prefill_chunks(
         start += size
 
 
-def prefill(
-    model: Any, cache: SinkCache, input_ids: torch.Tensor, chunk_size: int = PREFILL_CHUNK
-) -> torch.Tensor:
+def prefill(model: Any, cache: SinkCache, input_ids: torch.Tensor, chunk_size: int = PREFILL_CHUNK) -> torch.Tensor:
     """Feed input_ids [1, n] (n >= 1) and return the logits [vocab] after the last token."""
     if input_ids.shape[-1] == 0:
         raise CacheConfigError("prefill needs at least one token")

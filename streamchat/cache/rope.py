@@ -31,9 +31,7 @@ class RotaryTable:
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def same_geometry(self, inv_freq: torch.Tensor, layout: RotaryLayout) -> bool:
-        return layout == self.layout and torch.equal(
-            inv_freq.detach().to("cpu", torch.float64), self.inv_freq
-        )
+        return layout == self.layout and torch.equal(inv_freq.detach().to("cpu", torch.float64), self.inv_freq)
 
     def cos_sin(self, shift: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin of shift * inv_freq, each [rotary_dim], on `device`."""

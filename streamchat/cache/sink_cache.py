@@ -10,6 +10,7 @@ from `get_seq_length()`, which transformers uses by default, or `position_ids(n)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,14 @@ from streamchat.cache.rope import RotaryLayout, RotaryTable
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
 EvictionObserver = Callable[[Eviction], None]
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    ledger: StreamLedger
+    sliding: SlidingLedger | None
+    steps: int
+    layers: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,7 @@ class SinkCache(Cache):
         self._step: tuple[SinkStep, SlidingStep | None] | None = None
 
     @classmethod
-    def for_model(
-        cls, model: Any, sinks: int, window: int, observer: EvictionObserver | None = None
-    ) -> SinkCache:
+    def for_model(cls, model: Any, sinks: int, window: int, observer: EvictionObserver | None = None) -> SinkCache:
         """A cache for a loaded transformers model (refused with a clear error if unsupported)."""
         return cls(layer_specs(model), sinks, window, observer)
 
@@ -93,6 +100,22 @@ class SinkCache(Cache):
         start = self.get_seq_length()
         return torch.arange(start, start + count, device=device).unsqueeze(0)
 
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of everything the cache holds, to restore() later (regenerating a reply)."""
+        return CacheSnapshot(
+            copy.deepcopy(self.ledger),
+            copy.deepcopy(self.sliding),
+            self.steps,
+            [layer.snapshot() for layer in self.layers],
+        )
+
+    def restore(self, snapshot: CacheSnapshot) -> None:
+        """Return to the state of snapshot(); the snapshot stays valid for another restore."""
+        self.ledger, self.sliding = copy.deepcopy(snapshot.ledger), copy.deepcopy(snapshot.sliding)
+        self.steps = snapshot.steps
+        for layer, state in zip(self.layers, snapshot.layers, strict=True):
+            layer.restore(state)
+
     # ---- the transformers Cache interface ---------------------------------------------
 
     def update(
@@ -106,9 +129,7 @@ class SinkCache(Cache):
         layer = self.layers[layer_idx]
         step = sliding_step if isinstance(layer, SlidingLayer) else sink_step
         if step.incoming != key_states.shape[-2]:
-            raise CacheStateError(
-                f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}"
-            )
+            raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}")
         layer.steps = self.steps
         return layer.apply(step, key_states, value_states)
 
@@ -155,8 +176,7 @@ class SinkCache(Cache):
         unfinished = [index for index, layer in enumerate(self.layers) if layer.steps != self.steps]
         if unfinished:
             raise CacheStateError(
-                f"a forward pass stopped half way (layers {unfinished[0]}..{unfinished[-1]} missed it): "
-                "reset the cache"
+                f"a forward pass stopped half way (layers {unfinished[0]}..{unfinished[-1]} missed it): reset the cache"
             )
         sink_step = self.ledger.step(incoming)
         sliding_step = self.sliding.step(incoming) if self.sliding is not None else None

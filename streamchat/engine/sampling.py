@@ -17,9 +17,7 @@ import torch
 from streamchat.engine.settings import MAX_SEED, GenerationSettings
 
 
-def apply_repetition_penalty(
-    logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float
-) -> torch.Tensor:
+def apply_repetition_penalty(logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """Make tokens already seen less likely: positive logits divided by the penalty,
     negative ones multiplied (transformers' RepetitionPenaltyLogitsProcessor)."""
     if penalty == 1.0 or previous_ids.numel() == 0:

@@ -154,9 +154,7 @@ class ChatFormat:
         up_to_reply_end = self._encode(text[: reply_start + len(reply)])
         cut = _common_prefix_length(ids, self._encode(self._render([*closed, *closed[-2:]])))
         if ids[: len(up_to_reply_end)] != up_to_reply_end or cut < len(up_to_reply_end):
-            raise self._unsplittable(
-                f"a reply ending in {reply[-1]!r} merges into one token with the text after it"
-            )
+            raise self._unsplittable(f"a reply ending in {reply[-1]!r} merges into one token with the text after it")
         return _ClosedTurn(ids[:cut], tuple(ids[len(up_to_reply_end) : cut]))
 
     def _check_turns_repeat(self) -> None:
@@ -179,9 +177,7 @@ class ChatFormat:
             return self._tokenizer.apply_chat_template(messages, chat_template=self._template, tokenize=False)
         except jinja2.TemplateError as error:
             hint = " It may not accept a system prompt: try without one." if self._system_prompt else ""
-            raise ChatTemplateError(
-                f"the model's chat template refused the conversation: {error}.{hint}"
-            ) from error
+            raise ChatTemplateError(f"the model's chat template refused the conversation: {error}.{hint}") from error
 
     def _encode(self, text: str) -> list[int]:
         # What apply_chat_template(tokenize=True) does: the template writes BOS itself.

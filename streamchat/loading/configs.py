@@ -27,7 +27,5 @@ def read_supported_config(
     from streamchat.cache.architectures import ensure_supported
 
     with model_errors(name):
-        config = AutoConfig.from_pretrained(
-            location, gguf_file=gguf_file, trust_remote_code=trust_remote_code
-        )
+        config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
     return config, ensure_supported(config)

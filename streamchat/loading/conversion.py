@@ -55,9 +55,7 @@ def conversion_dir(gguf: Path) -> Path:
     source = gguf.resolve()
     stat = source.stat()
     path_digest = hashlib.sha256(str(source).encode()).hexdigest()[:12]
-    fingerprint = (
-        f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{importlib.metadata.version('transformers')}"
-    )
+    fingerprint = f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{importlib.metadata.version('transformers')}"
     return cache_root() / "converted" / f"{source.stem}-{path_digest}" / fingerprint
 
 

@@ -52,9 +52,7 @@ def plan_placement(device: str, dtype: str, device_map: str | None, accelerators
         chosen = choose_device(device, accelerators)
         return Placement(chosen, choose_dtype(dtype, chosen, accelerators), device_map=chosen)
     if device_map not in DEVICE_MAPS:
-        raise ConfigError(
-            f"--device-map {device_map!r} is not supported; use --device-map auto or leave it out"
-        )
+        raise ConfigError(f"--device-map {device_map!r} is not supported; use --device-map auto or leave it out")
     if device not in ("auto", "cuda"):
         raise ConfigError(f"--device-map auto spreads the model over CUDA GPUs; drop it or --device {device}")
     if accelerators.cuda_devices == 0:
@@ -71,13 +69,9 @@ def choose_device(requested: str, accelerators: Accelerators) -> str:
     if requested == "cuda" and not accelerators.cuda_devices:
         raise ConfigError("--device cuda: torch sees no CUDA GPU here; use --device auto or --device cpu")
     if requested == "mps" and not accelerators.mps:
-        raise ConfigError(
-            "--device mps: Apple's Metal backend is not available here; use --device auto or cpu"
-        )
+        raise ConfigError("--device mps: Apple's Metal backend is not available here; use --device auto or cpu")
     if requested not in defaults.DEVICES:
-        raise ConfigError(
-            f"--device {requested!r} is not a device; choose one of {', '.join(defaults.DEVICES)}"
-        )
+        raise ConfigError(f"--device {requested!r} is not a device; choose one of {', '.join(defaults.DEVICES)}")
     return requested
 
 
@@ -85,9 +79,7 @@ def choose_dtype(requested: str, device: str, accelerators: Accelerators) -> str
     """`requested`, or for "auto": bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU."""
     if requested != "auto":
         if requested not in defaults.DTYPES:
-            raise ConfigError(
-                f"--dtype {requested!r} is not a dtype; choose one of {', '.join(defaults.DTYPES)}"
-            )
+            raise ConfigError(f"--dtype {requested!r} is not a dtype; choose one of {', '.join(defaults.DTYPES)}")
         return requested
     if device == "cuda":
         return "bfloat16" if accelerators.cuda_bf16 else "float16"

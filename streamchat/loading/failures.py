@@ -33,9 +33,7 @@ def model_errors(name: str) -> Iterator[None]:
 
 
 def _out_of_memory(name: str) -> OutOfMemoryError:
-    return OutOfMemoryError(
-        f"out of memory while loading {name}; try --dtype bfloat16 or float16, or a smaller model"
-    )
+    return OutOfMemoryError(f"out of memory while loading {name}; try --dtype bfloat16 or float16, or a smaller model")
 
 
 def _about(name: str, error: BaseException) -> str:

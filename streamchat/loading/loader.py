@@ -76,9 +76,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     # Settled first: an unavailable device should fail before a download or a conversion.
     placement = plan_placement(options.device, options.dtype, options.device_map, detect_accelerators())
     directory = _local_directory(source, options, notify)
-    config, rotary_layout = read_supported_config(
-        directory, source.name, trust_remote_code=options.trust_remote_code
-    )
+    config, rotary_layout = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
     ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
     text_config = config.get_text_config(decoder=True)

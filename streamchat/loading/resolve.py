@@ -45,9 +45,7 @@ def resolve_model(spec: str | None) -> ModelSource:
     """
     name = defaults.DEFAULT_MODEL if spec is None else spec.strip()
     if not name:
-        raise ModelNotFoundError(
-            "--model is empty; pass an alias (see `streamchat models`), a hub id or a path"
-        )
+        raise ModelNotFoundError("--model is empty; pass an alias (see `streamchat models`), a hub id or a path")
     alias = name.lower()
     if alias in ALIASES:
         return _resolve_alias(alias)
@@ -55,9 +53,7 @@ def resolve_model(spec: str | None) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelNotFoundError(
-                f"{name} is a file but not a .gguf; pass a .gguf file or a model directory"
-            )
+            raise ModelNotFoundError(f"{name} is a file but not a .gguf; pass a .gguf file or a model directory")
         return ModelSource("gguf", str(path.resolve()), name)
     if path.is_dir():
         return ModelSource("directory", str(_model_directory(path, name)), name)
@@ -102,9 +98,7 @@ def _model_directory(path: Path, name: str) -> Path:
         return path.resolve()
     ggufs = sorted(path.glob("*.gguf"))
     if ggufs:
-        raise ModelNotFoundError(
-            f"{name} has no config.json; to load a GGUF, pass the file itself: {ggufs[0]}"
-        )
+        raise ModelNotFoundError(f"{name} has no config.json; to load a GGUF, pass the file itself: {ggufs[0]}")
     raise ModelNotFoundError(f"{name} has no config.json, so it is not a transformers model directory")
 
 
@@ -114,9 +108,4 @@ def _one_of(names: list[str]) -> str:
 
 def _looks_like_path(name: str) -> bool:
     # A hub id is exactly owner/name, so anything else with separators, or a .gguf, means a path.
-    return (
-        name.lower().endswith(".gguf")
-        or name.startswith((".", "/", "~"))
-        or name.count("/") > 1
-        or "\\" in name
-    )
+    return name.lower().endswith(".gguf") or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name

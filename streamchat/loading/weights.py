@@ -29,9 +29,7 @@ def ensure_loadable_weights(directory: Path, name: str, *, allow_pickle: bool) -
     if has_loadable_weights(directory, allow_pickle=allow_pickle):
         return
     if allow_pickle:
-        raise ModelAccessError(
-            f"{name} has no weights: found neither model*.safetensors nor pytorch_model*.bin"
-        )
+        raise ModelAccessError(f"{name} has no weights: found neither model*.safetensors nor pytorch_model*.bin")
     raise ModelAccessError(
         f"{name} has no safetensors weights (model*.safetensors). If it ships pickled weights "
         "(pytorch_model*.bin) and you trust its publisher, pass --allow-pickle."

@@ -184,9 +184,7 @@ def test_an_unreachable_hub_is_reported_with_what_to_do():
 def test_an_unsupported_architecture_names_the_supported_ones(unsupported_dir: Path):
     result = streamchat("info", "-m", str(unsupported_dir))
     assert result.returncode == 5
-    assert result.stderr.startswith(
-        "error: model type 'gpt2' cannot stream: it uses learned absolute position"
-    )
+    assert result.stderr.startswith("error: model type 'gpt2' cannot stream: it uses learned absolute position")
     assert result.stderr.endswith(f"Supported model types: {supported_list()}.\n")
     assert result.stderr.count("\n") == 1
 
@@ -196,8 +194,7 @@ def test_out_of_memory_suggests_a_smaller_dtype(too_large_dir: Path):
     assert result.returncode == 6
     # transformers reports the missing weights first; the last line is ours.
     assert result.stderr.splitlines()[-1] == (
-        f"error: out of memory while loading {too_large_dir}; "
-        "try --dtype bfloat16 or float16, or a smaller model"
+        f"error: out of memory while loading {too_large_dir}; try --dtype bfloat16 or float16, or a smaller model"
     )
     assert "Traceback" not in result.stderr
 
@@ -223,9 +220,7 @@ def test_errors_are_red_only_where_colour_is_allowed():
 
 
 def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_default: Path):
-    process = subprocess.Popen(
-        [*STREAMCHAT, "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = subprocess.Popen([*STREAMCHAT, "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     notice = process.stderr.readline()
     assert notice.startswith("Converting"), notice
     process.send_signal(signal.SIGINT)

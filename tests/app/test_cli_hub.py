@@ -31,9 +31,7 @@ class FakeHub:
     hub refuses a gated ("GatedRepo") or missing ("RepoNotFound") repository.
     """
 
-    def __init__(
-        self, files: dict[str, bytes], error_code: str | None = None, file_status: int = 200
-    ) -> None:
+    def __init__(self, files: dict[str, bytes], error_code: str | None = None, file_status: int = 200) -> None:
         self.files = files
         self.error_code = error_code
         self.file_status = file_status
@@ -70,17 +68,13 @@ class FakeHub:
             self.send(request, 401, b"", {"X-Error-Code": self.error_code}, send_body)
         elif match := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/[^/]+", path):
             info = {"id": match[1], "sha": COMMIT, "siblings": [{"rfilename": name} for name in self.files]}
-            self.send(
-                request, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, send_body
-            )
+            self.send(request, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, send_body)
         elif re.fullmatch(r"/api/models/[^/]+/[^/]+/tree/[^/]+/?", path):
             tree = [
                 {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
                 for name, data in self.files.items()
             ]
-            self.send(
-                request, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, send_body
-            )
+            self.send(request, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, send_body)
         elif (match := re.fullmatch(r"/[^/]+/[^/]+/resolve/[^/]+/(.+)", path)) and match[1] in self.files:
             data = self.files[match[1]]
             headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(data).hexdigest()}"'}
@@ -145,9 +139,7 @@ def test_an_alias_is_downloaded_into_the_hugging_face_cache_then_loads_offline(
     online = streamchat("info", "--model", "smollm2-360m", hub=hub)
     assert online.returncode == 0, online.stderr
     assert "source         Hugging Face hub HuggingFaceTB/SmolLM2-360M-Instruct" in online.stdout
-    snapshot = (
-        Path(os.environ["HF_HOME"]) / "hub/models--HuggingFaceTB--SmolLM2-360M-Instruct/snapshots" / COMMIT
-    )
+    snapshot = Path(os.environ["HF_HOME"]) / "hub/models--HuggingFaceTB--SmolLM2-360M-Instruct/snapshots" / COMMIT
     assert f"files          {snapshot}" in online.stdout
     assert "Fetching 6 files" in online.stderr  # huggingface_hub's progress bar
 
@@ -224,9 +216,7 @@ def test_a_refused_repository_says_how_to_get_access(serve, error_code: str, exi
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_a_token_without_permission_for_the_files_is_reported(
-    serve, tiny_model_files: dict[str, bytes], status: int
-):
+def test_a_token_without_permission_for_the_files_is_reported(serve, tiny_model_files: dict[str, bytes], status: int):
     hub = serve(tiny_model_files, file_status=status)
     result = streamchat("info", "-m", "owner/private-model", hub=hub)
     assert result.returncode == 4

@@ -164,9 +164,7 @@ def test_every_option_can_be_given_in_every_source(tmp_path: Path, source: str) 
     if source == "command line":
         config = resolve_run_config(texts, {}, None)
     elif source == "environment":
-        config = resolve_run_config(
-            {}, {f"STREAMCHAT_{name.upper()}": text for name, text in texts.items()}, None
-        )
+        config = resolve_run_config({}, {f"STREAMCHAT_{name.upper()}": text for name, text in texts.items()}, None)
     else:
         lines = "".join(f"{name.replace('_', '-')} = {text!r}\n" for name, text in texts.items())
         config = resolve_run_config({}, {}, config_file(tmp_path, lines))
@@ -234,9 +232,7 @@ def test_bad_command_line_values_name_the_option(cli: dict[str, object], message
 
 
 def test_a_bad_value_is_reported_even_when_overridden() -> None:
-    assert (
-        error_of({"window": 100}, {"STREAMCHAT_WINDOW": "abc"}) == "STREAMCHAT_WINDOW='abc': not an integer"
-    )
+    assert error_of({"window": 100}, {"STREAMCHAT_WINDOW": "abc"}) == "STREAMCHAT_WINDOW='abc': not an integer"
 
 
 def test_an_unknown_command_line_key_is_a_bug_in_the_caller() -> None:
@@ -268,9 +264,7 @@ def test_config_file_errors_name_the_file_and_the_key(tmp_path: Path, text: str,
 def test_an_unknown_key_without_a_close_match_lists_the_keys(tmp_path: Path) -> None:
     path = config_file(tmp_path, "colour = 'blue'\n")
     message = error_of({}, {}, path)
-    assert message.startswith(
-        f"{path}: unknown key 'colour'; the keys are model, sinks, window, max_new_tokens,"
-    )
+    assert message.startswith(f"{path}: unknown key 'colour'; the keys are model, sinks, window, max_new_tokens,")
     assert message.endswith("transcript, transcript_format, turns, output_format")
 
 

@@ -119,9 +119,7 @@ def test_the_mt_bench_file_gives_two_turns_per_question() -> None:
     path = SHARED_DATA / "mt_bench.jsonl"
     questions = [json.loads(line)["turns"] for line in path.read_text().splitlines()]
     items = list(read_transcript_file(str(path), transcript_format="mtbench", turns="line"))
-    assert items == [
-        UserTurn(turn.strip(), n) for n, turns in enumerate(questions, start=1) for turn in turns
-    ]
+    assert items == [UserTurn(turn.strip(), n) for n, turns in enumerate(questions, start=1) for turn in turns]
     assert len(items) == 160
 
 
@@ -179,9 +177,7 @@ def test_an_explicit_json_format_reads_a_file_whose_first_line_is_text() -> None
 
 
 def test_a_nul_byte_stops_reading_at_its_line() -> None:
-    items = read_transcript(
-        io.BytesIO(b"fine\nbad\x00line\n"), "dump.bin", transcript_format="auto", turns="line"
-    )
+    items = read_transcript(io.BytesIO(b"fine\nbad\x00line\n"), "dump.bin", transcript_format="auto", turns="line")
     assert next(items) == UserTurn("fine", 1)
     with pytest.raises(TranscriptError) as raised:
         next(items)
@@ -193,9 +189,7 @@ def test_a_nul_byte_stops_reading_at_its_line() -> None:
 def test_invalid_utf8_stops_reading_with_the_byte_and_line() -> None:
     with pytest.raises(TranscriptError) as raised:
         read("ok\ncaf\u00e9\n".encode("latin-1"))
-    assert str(raised.value) == (
-        "<stdin> line 2: not UTF-8 text (byte 0xe9 at offset 3); save the transcript as UTF-8"
-    )
+    assert str(raised.value) == ("<stdin> line 2: not UTF-8 text (byte 0xe9 at offset 3); save the transcript as UTF-8")
 
 
 @pytest.mark.parametrize(
@@ -256,8 +250,7 @@ def test_a_transcript_file_is_named_in_messages_and_closed_after_reading(tmp_pat
     items = list(read_transcript_file(str(path), transcript_format="auto", turns="line"))
     assert items[0] == UserTurn("hi", 1)
     assert messages(items) == [
-        f"{path} line 2: not valid JSON (Expecting property name enclosed in double quotes at column 2); "
-        "line skipped"
+        f"{path} line 2: not valid JSON (Expecting property name enclosed in double quotes at column 2); line skipped"
     ]
 
 

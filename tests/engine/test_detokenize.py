@@ -26,19 +26,14 @@ def reference(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def random_streams(
-    tokenizer: PreTrainedTokenizerBase, seed: int, count: int, max_length: int
-) -> list[list[int]]:
+def random_streams(tokenizer: PreTrainedTokenizerBase, seed: int, count: int, max_length: int) -> list[list[int]]:
     """Any tokens, with byte-fallback and special tokens over-represented: they are the hard cases."""
     everything = list(range(len(tokenizer)))
     byte_ids = [i for i in everything if tokenizer.convert_ids_to_tokens(i).startswith("<0x")]
     pools = [everything, byte_ids or everything, sorted(special_token_ids(tokenizer))]
     rng = random.Random(seed)
     return [
-        [
-            rng.choice(rng.choices(pools, weights=[6, 3, 1])[0])
-            for _ in range(rng.randrange(1, max_length + 1))
-        ]
+        [rng.choice(rng.choices(pools, weights=[6, 3, 1])[0]) for _ in range(rng.randrange(1, max_length + 1))]
         for _ in range(count)
     ]
 

@@ -69,12 +69,8 @@ def test_top_p_works_on_unsorted_logits() -> None:
     assert torch.isfinite(mask_top_p(shuffled, 0.75)).tolist() == [False, True, False, True]
 
 
-@pytest.mark.parametrize(
-    ("min_p", "kept"), [(0.0, [0, 1, 2, 3]), (0.2, [0, 1, 2]), (0.35, [0, 1]), (1.0, [0])]
-)
-def test_min_p_masks_exactly_the_tokens_below_p_times_the_top_probability(
-    min_p: float, kept: list[int]
-) -> None:
+@pytest.mark.parametrize(("min_p", "kept"), [(0.0, [0, 1, 2, 3]), (0.2, [0, 1, 2]), (0.35, [0, 1]), (1.0, [0])])
+def test_min_p_masks_exactly_the_tokens_below_p_times_the_top_probability(min_p: float, kept: list[int]) -> None:
     # Thresholds 0.1, 0.175 and 0.5 fall between the probabilities 0.5, 0.3, 0.15, 0.05.
     assert torch.isfinite(mask_min_p(LOGITS, min_p)).nonzero().flatten().tolist() == kept
 

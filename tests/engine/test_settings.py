@@ -149,8 +149,7 @@ def test_with_value_rejects_unknown_keys_listing_the_known_ones() -> None:
         (
             "stop",
             "'unclosed",
-            "stop must be words separated by spaces (quote one that holds a space), or 'none', "
-            'got "\'unclosed".',
+            "stop must be words separated by spaces (quote one that holds a space), or 'none', got \"'unclosed\".",
         ),
     ],
 )

@@ -83,9 +83,7 @@ def assert_turns_add_up_to_whole_render(
         assert stream == whole[: len(stream)], f"prompt of turn {index + 1}"
         # What the model generates: the whole render's tokens up to the end of the reply.
         reply_end = text.index(reply, reply_end) + len(reply)
-        up_to_reply_end = common_prefix_length(
-            tokenizer.encode(text[:reply_end], add_special_tokens=False), whole
-        )
+        up_to_reply_end = common_prefix_length(tokenizer.encode(text[:reply_end], add_special_tokens=False), whole)
         reply_ids = whole[len(stream) : up_to_reply_end]
         assert tokenizer.decode(reply_ids).strip() == reply
         stream += reply_ids + list(chat.end_of_turn_ids)
@@ -266,9 +264,7 @@ def test_default_model_default_system_prompt_comes_first() -> None:
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert stop_token_ids(smollm2, GenerationConfig(eos_token_id=2)) == {
-        smollm2.convert_tokens_to_ids("<|im_end|>")
-    }
+    assert stop_token_ids(smollm2, GenerationConfig(eos_token_id=2)) == {smollm2.convert_tokens_to_ids("<|im_end|>")}
 
 
 @pytest.mark.default_model

@@ -124,9 +124,7 @@ def test_partials_of_killed_conversions_are_swept_but_running_ones_kept(gguf: Pa
 def test_an_unsupported_architecture_is_refused_before_converting(tmp_path: Path):
     gguf = write_tiny_gguf(tmp_path / "tiny-gpt2.gguf", architecture="gpt2")
     notes: list[str] = []
-    with pytest.raises(
-        UnsupportedModelError, match="model type 'gpt2' cannot stream: it uses learned absolute"
-    ):
+    with pytest.raises(UnsupportedModelError, match="model type 'gpt2' cannot stream: it uses learned absolute"):
         convert_gguf(gguf, "tiny-gpt2", notes.append)
     assert notes == []
     assert not (cache_root() / "converted").exists()

@@ -65,12 +65,8 @@ def test_without_a_device_map_the_model_goes_to_one_device():
 
 
 def test_device_map_auto_spreads_over_the_gpus():
-    assert plan_placement("auto", "auto", "auto", TWO_TURINGS) == Placement(
-        "cuda", "float16", device_map="auto"
-    )
-    assert plan_placement("cuda", "float32", "auto", AMPERE) == Placement(
-        "cuda", "float32", device_map="auto"
-    )
+    assert plan_placement("auto", "auto", "auto", TWO_TURINGS) == Placement("cuda", "float16", device_map="auto")
+    assert plan_placement("cuda", "float32", "auto", AMPERE) == Placement("cuda", "float32", device_map="auto")
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,7 @@ def test_a_gguf_loads_exactly_as_transformers_reads_it(tmp_path: Path):
     reference_model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name)
     reference_tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf.name)
     rendered = reference_tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
-    assert (
-        loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False) == rendered
-    )
+    assert loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False) == rendered
     assert loaded.tokenizer(rendered).input_ids == reference_tokenizer(rendered).input_ids
     ids = reference_tokenizer(rendered, return_tensors="pt").input_ids
     with torch.no_grad():
@@ -113,9 +111,7 @@ def test_an_unsupported_architecture_is_refused_before_its_weights_are_looked_at
 
 def test_a_model_type_transformers_does_not_know_is_unsupported(tmp_path: Path):
     unknown = write_config(tmp_path / "unknown", model_type="frobnicator")
-    with pytest.raises(
-        UnsupportedModelError, match=r"has model type `frobnicator` but Transformers does not"
-    ):
+    with pytest.raises(UnsupportedModelError, match=r"has model type `frobnicator` but Transformers does not"):
         load_model(LoadOptions(model=str(unknown)))
 
 
@@ -123,9 +119,7 @@ def test_a_broken_config_is_not_a_usable_model(tmp_path: Path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    with pytest.raises(
-        ModelNotFoundError, match=r"broken is not a usable model: It looks like the config file"
-    ):
+    with pytest.raises(ModelNotFoundError, match=r"broken is not a usable model: It looks like the config file"):
         load_model(LoadOptions(model=str(broken)))
 
 

@@ -46,9 +46,7 @@ def test_a_package_without_the_file_counts_as_missing(packaged_default: Path):
 
 
 def test_an_alias_resolves_to_its_hub_id():
-    assert resolve_model("llama-2-7b-chat") == ModelSource(
-        "hub", "meta-llama/Llama-2-7b-chat-hf", "llama-2-7b-chat"
-    )
+    assert resolve_model("llama-2-7b-chat") == ModelSource("hub", "meta-llama/Llama-2-7b-chat-hf", "llama-2-7b-chat")
     assert resolve_model(" vicuna-13b ").location == "lmsys/vicuna-13b-v1.3"
 
 
@@ -85,9 +83,7 @@ def test_a_directory_without_config_points_at_its_gguf(tmp_path: Path):
 
 
 def test_a_directory_without_config_is_not_a_model(tmp_path: Path):
-    with pytest.raises(
-        ModelNotFoundError, match=r"has no config\.json, so it is not a transformers model directory"
-    ):
+    with pytest.raises(ModelNotFoundError, match=r"has no config\.json, so it is not a transformers model directory"):
         resolve_model(str(tmp_path))
 
 
@@ -97,9 +93,7 @@ def test_a_file_that_is_not_a_gguf_is_refused(tmp_path: Path):
         resolve_model(str(tmp_path / "model.bin"))
 
 
-@pytest.mark.parametrize(
-    "spec", ["missing.gguf", "./models/llama", "/no/such/dir", "~/nothing-here", "a/b/c"]
-)
+@pytest.mark.parametrize("spec", ["missing.gguf", "./models/llama", "/no/such/dir", "~/nothing-here", "a/b/c"])
 def test_a_missing_path_is_reported_as_such(spec: str):
     with pytest.raises(ModelNotFoundError, match=f"no such file or directory: {spec}") as raised:
         resolve_model(spec)

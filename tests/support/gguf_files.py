@@ -62,9 +62,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, architecture: str = "llama") -
     writer.add_token_list(tokens)
     writer.add_token_merges(list(_MERGES))
     control = len(_SPECIAL_TOKENS)
-    writer.add_token_types(
-        [gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (len(tokens) - control)
-    )
+    writer.add_token_types([gguf.TokenType.CONTROL] * control + [gguf.TokenType.NORMAL] * (len(tokens) - control))
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_chat_template(CHAT_TEMPLATE)

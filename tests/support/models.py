@@ -80,9 +80,9 @@ def tiny_config(model_type: str, rope_scaling: str | None = None, **overrides):
 
 
 @cache
-def _cached_model(model_type: str, rope_scaling: str | None, dtype: torch.dtype, seed: int):
+def _cached_model(model_type: str, rope_scaling: str | None, dtype: torch.dtype, seed: int, vocab_size: int):
     torch.manual_seed(seed)
-    config = tiny_config(model_type, rope_scaling)
+    config = tiny_config(model_type, rope_scaling, vocab_size=vocab_size)
     attention = "eager" if model_type == "gemma2" else "sdpa"  # Gemma 2's softcapping needs eager
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     with torch.no_grad():
@@ -100,6 +100,7 @@ def tiny_model(
     rope_scaling: str | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    vocab_size: int = VOCAB,
 ):
     """A tiny random model (cached: treat it as read-only)."""
-    return _cached_model(model_type, rope_scaling, dtype, seed)
+    return _cached_model(model_type, rope_scaling, dtype, seed, vocab_size)

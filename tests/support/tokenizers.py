@@ -153,9 +153,7 @@ def sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
         vocab.setdefault(token, len(vocab))
     merges = [tuple(merge) for merge in trained["merges"]]
 
-    backend = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
-    )
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     backend.decoder = decoders.Sequence(
         [

@@ -1,0 +1,87 @@
+"""What the engine tells the UI: typed events, yielded in order. The UI renders them and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from streamchat.cache import CacheStats
+
+StopReason = Literal["eos", "stop_string", "max_new_tokens", "interrupted"]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """The next piece of the reply's text (never a split character)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """Tokens left the window: `count` of them, stream indices first..last, and their text."""
+
+    count: int
+    first_index: int
+    last_index: int
+    text: str
+    stats: CacheStats
+
+
+@dataclass(frozen=True)
+class PromptTruncated:
+    """A prompt longer than the window streamed through it: the model sees only its end."""
+
+    prompt_tokens: int
+    visible_tokens: int
+
+    @property
+    def dropped_tokens(self) -> int:
+        return self.prompt_tokens - self.visible_tokens
+
+
+@dataclass(frozen=True)
+class CacheOccupancy:
+    """How full the cache is now, and the decode speed so far this turn (0 before the first token)."""
+
+    stats: CacheStats
+    decode_tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    time_to_first_token: float
+    stop_reason: StopReason
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        # The first token comes from the prefill's logits; the rest each cost one decode step.
+        steps = self.generated_tokens - 1
+        return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    """The reply is complete (or was stopped) and closed in the cache and the transcript."""
+
+    reply: str
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A transcript was fed through the cache (after /load or a new system prompt)."""
+
+    messages: int
+    tokens: int
+
+
+Event = TextDelta | Evicted | PromptTruncated | CacheOccupancy | TurnFinished | Replayed

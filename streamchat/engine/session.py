@@ -1,0 +1,393 @@
+"""ChatSession: one model, one tokenizer, one sink cache and one transcript, for as long as the chat lasts.
+
+Each call that moves the conversation (chat, regenerate, replay) returns an iterator of
+events; the conversation advances as the caller consumes it. Every token is fed exactly
+once, in conversation order: the cache is never recomputed, only reset when asked.
+
+    session = ChatSession(model, tokenizer, SessionOptions())
+    for event in session.chat("Hello!"):
+        ...  # TextDelta, Evicted, CacheOccupancy, ..., TurnFinished
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamchat import defaults
+from streamchat.cache import CacheStats, SinkCache
+from streamchat.cache.prefill import chunk_sizes
+from streamchat.engine.detokenize import IncrementalDetokenizer
+from streamchat.engine.events import (
+    CacheOccupancy,
+    Event,
+    Evicted,
+    PromptTruncated,
+    Replayed,
+    StopReason,
+    TextDelta,
+    TurnFinished,
+    TurnStats,
+)
+from streamchat.engine.mirror import CacheMirror, CacheView
+from streamchat.engine.sampling import Sampler
+from streamchat.engine.session_file import SavedSession, read_session, save_session
+from streamchat.engine.settings import GenerationSettings
+from streamchat.engine.template import ChatFormat, stop_token_ids
+from streamchat.errors import ConfigError
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    sinks: int = defaults.SINKS
+    window: int = defaults.WINDOW
+    eviction: str = defaults.EVICTION_POLICY
+    system_prompt: str | None = None
+    prefill_chunk: int = defaults.PREFILL_CHUNK
+    # None: streamchat's defaults overridden by the model's generation config.
+    settings: GenerationSettings | None = None
+
+    def __post_init__(self) -> None:
+        _eviction_policy(self.eviction)
+
+
+class ChatSession:
+    def __init__(self, model: Any, tokenizer: Any, options: SessionOptions | None = None) -> None:
+        options = options or SessionOptions()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eviction = options.eviction
+        self.prefill_chunk = options.prefill_chunk
+        self.settings = options.settings or GenerationSettings.from_generation_config(
+            getattr(model, "generation_config", None)
+        )
+        self.sampler = Sampler(self.settings.seed)
+        self.cache = SinkCache.for_model(model, options.sinks, options.window)
+        self.device = model.get_input_embeddings().weight.device
+        self._set_format(options.system_prompt)
+        self.transcript: list[Message] = []
+        self.mirror = CacheMirror(options.sinks)
+        self._stop_requested = False
+        self._snapshot: _Snapshot | None = None
+
+    # ---- reading the session --------------------------------------------------------------
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self._system_prompt
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def cache_view(self) -> CacheView:
+        return self.mirror.view()
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    # ---- moving the conversation ----------------------------------------------------------
+
+    def chat(self, text: str) -> Iterator[Event]:
+        """Feed a user message and stream the reply."""
+        self.transcript.append({"role": "user", "content": text})
+        started = time.perf_counter()
+        prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
+        yield from self._make_room(len(prompt))
+        logits = yield from self._feed(prompt, message=len(self.transcript) - 1)
+        if len(prompt) > self.cache.window:
+            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=self.cache.window)
+        self._snapshot = _Snapshot.take(self, logits)
+        yield from self._reply(logits, len(prompt), started)
+
+    def regenerate(self) -> Iterator[Event]:
+        """Take back the last reply and generate another one for the same message."""
+        if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
+            raise ConfigError("there is no reply to regenerate yet")
+        self.transcript.pop()
+        started = time.perf_counter()
+        logits = self._snapshot.restore(self)
+        yield CacheOccupancy(self.cache_stats(), 0.0)
+        yield from self._reply(logits, 0, started)
+
+    def stop(self) -> None:
+        """Ask the reply being generated to end after the current token (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def reset(self) -> None:
+        """Forget the conversation: an empty cache and an empty transcript."""
+        self.cache.reset()
+        self.mirror = CacheMirror(self.cache.sinks)
+        self.transcript = []
+        self._snapshot = None
+
+    def set_system_prompt(self, text: str | None) -> Iterator[Event]:
+        """Use a new system prompt: the conversation so far is replayed behind it."""
+        previous = self._system_prompt
+        self._set_format(text or None)
+        try:
+            feeds = self._replay_feeds(self.transcript)
+        except Exception:
+            self._set_format(previous)
+            raise
+        return self._replay(list(self.transcript), feeds)
+
+    def set_option(self, key: str, value: str) -> None:
+        """Change a generation setting (or `eviction`) from text, as typed after /set."""
+        if key == "eviction":
+            self.eviction = _eviction_policy(value)
+            return
+        self.settings = self.settings.with_value(key, value)
+        if key == "seed":
+            self.sampler = Sampler(self.settings.seed)
+
+    def options(self) -> list[tuple[str, str]]:
+        """Every setting /set can change, with its value as text."""
+        return [*self.settings.as_pairs(), ("eviction", self.eviction)]
+
+    def replay(self, messages: list[Message]) -> Iterator[Event]:
+        """Start over and feed a conversation through the cache, as if it had been typed and answered."""
+        return self._replay(messages, self._replay_feeds(messages))
+
+    def save(self, path: Path, model_name: str | None = None) -> None:
+        settings = dict(self.settings.as_pairs())
+        saved = SavedSession(list(self.transcript), self._system_prompt, settings, self.eviction, model_name)
+        save_session(path, saved)
+
+    def load(self, path: Path) -> Iterator[Event]:
+        """Replace this conversation with a saved one; nothing changes if the file is bad."""
+        saved = read_session(path)
+        settings = self.settings
+        for key, value in saved.settings.items():
+            settings = settings.with_value(key, value)
+        eviction = _eviction_policy(saved.eviction)
+        previous = self._system_prompt
+        self._set_format(saved.system_prompt)
+        try:
+            feeds = self._replay_feeds(saved.messages)
+        except Exception:
+            self._set_format(previous)
+            raise
+        self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
+        return self._replay(saved.messages, feeds)
+
+    def _replay_feeds(self, messages: list[Message]) -> list[list[int]]:
+        """The tokens each message puts in the cache, computed before anything is reset."""
+        feeds = []
+        for index, message in enumerate(messages):
+            if message["role"] == "user":
+                feeds.append(self.chat_format.prompt_ids(message["content"], first_turn=index == 0))
+            else:
+                feeds.append(self._encode(message["content"]) + list(self.chat_format.end_of_turn_ids))
+        return feeds
+
+    def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
+        self.reset()
+        for message, ids in zip(messages, feeds, strict=True):
+            self.transcript.append({"role": message["role"], "content": message["content"]})
+            if ids:
+                yield from self._feed(ids, message=len(self.transcript) - 1)
+        yield CacheOccupancy(self.cache_stats(), 0.0)
+        yield Replayed(messages=len(messages), tokens=sum(len(ids) for ids in feeds))
+
+    # ---- the phases of a turn ---------------------------------------------------------------
+
+    def _make_room(self, prompt_tokens: int) -> Iterator[Event]:
+        """The paper's per-turn policy: reserve space for the prompt and the whole reply at once."""
+        if self.eviction == "turn":
+            reply_tokens = self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
+            reserve = min(prompt_tokens + reply_tokens, self.cache.window)
+            yield from self._evict(self.cache.ledger.overflow(reserve) if reserve else 0)
+
+    def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float) -> Iterator[Event]:
+        """Decode until a stop, then close the turn in the cache and the transcript."""
+        self._stop_requested = False
+        message = len(self.transcript)
+        self.transcript.append({"role": "assistant", "content": ""})
+        reply = _Reply(self.tokenizer, self.settings, started)
+        try:
+            yield from self._decode(logits, reply, message)
+        except GeneratorExit:
+            # The caller abandoned the reply: close it all the same, silently, so the next turn works.
+            reply.reason = "interrupted"
+            _drain(self._close(reply, message))
+            raise
+        yield from self._close(reply, message)
+        stats = reply.stats(prompt_tokens)
+        yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
+        yield TurnFinished(reply=reply.text, stats=stats)
+
+    def _decode(self, logits: torch.Tensor, reply: _Reply, message: int) -> Iterator[Event]:
+        """Sample, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
+        settings = reply.settings
+        while not self._stop_requested:
+            token = self.sampler.next_token(self._token_logits(logits), settings, self._recent_ids(settings))
+            if token in self.stop_ids:
+                reply.reason = "eos"
+                return
+            delta = reply.add(token)
+            if delta:
+                yield TextDelta(delta)
+            if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
+                return
+            logits = yield from self._feed(reply.take_pending(), message)
+            yield CacheOccupancy(self.cache_stats(), reply.decode_speed())
+        reply.reason = "interrupted"
+
+    def _close(self, reply: _Reply, message: int) -> Iterator[Event]:
+        """Feed what closes the reply (its last token, the end of turn) and record its text."""
+        tail = reply.flush()
+        if tail:
+            yield TextDelta(tail)
+        self.transcript[message]["content"] = reply.text
+        closing = reply.take_pending() + list(self.chat_format.end_of_turn_ids)
+        if closing:
+            yield from self._feed(closing, message)
+
+    def _feed(self, token_ids: list[int], message: int) -> Iterator[Event]:
+        """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
+        logits = None
+        start = 0
+        with torch.inference_mode():
+            for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
+                chunk = token_ids[start : start + size]
+                yield from self._evict(self.cache.ledger.overflow(size))
+                ids = torch.tensor([chunk], device=self.device)
+                logits = self.model(
+                    input_ids=ids,
+                    cache=self.cache,
+                    position_ids=self.cache.position_ids(size, device=self.device),
+                    use_cache=True,
+                    logits_to_keep=1,
+                ).logits
+                self.mirror.append(chunk, message)
+                start += size
+        return logits
+
+    def _evict(self, count: int) -> Iterator[Event]:
+        eviction = self.cache.evict(count) if count else None
+        if eviction is not None:
+            text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
+            yield Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _set_format(self, system_prompt: str | None) -> None:
+        self._system_prompt = system_prompt
+        self.chat_format = ChatFormat(self.tokenizer, system_prompt=system_prompt)
+        generation_config = getattr(self.model, "generation_config", None)
+        self.stop_ids = stop_token_ids(self.tokenizer, generation_config, self.chat_format)
+
+    def _token_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [vocab], without the padding rows some models add past the tokenizer."""
+        logits = logits[0, -1]
+        if logits.shape[-1] > len(self.tokenizer):
+            logits = logits.clone()
+            logits[len(self.tokenizer) :] = float("-inf")
+        return logits
+
+    def _recent_ids(self, settings: GenerationSettings) -> torch.Tensor | None:
+        if settings.repetition_penalty == 1.0:
+            return None
+        return torch.tensor(self.mirror.token_ids(), device=self.device)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+class _Reply:
+    """One reply as it grows: its tokens, its text (cut at a stop string), its timing."""
+
+    def __init__(self, tokenizer: Any, settings: GenerationSettings, started: float) -> None:
+        self.settings = settings
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.ids: list[int] = []
+        self.text = ""
+        self.pending: list[int] = []  # the last sampled token, until it is fed
+        self.reason: StopReason = "max_new_tokens"
+        self.started = started
+        self.first_token_at: float | None = None
+
+    def add(self, token: int) -> str:
+        """Take a sampled token; return the text it shows (cut short by a stop string)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.ids.append(token)
+        self.pending = [token]
+        return self._show(self.detokenizer.push(token))
+
+    def flush(self) -> str:
+        return "" if self.reason == "stop_string" else self._show(self.detokenizer.flush())
+
+    def take_pending(self) -> list[int]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def decode_speed(self) -> float:
+        elapsed = time.perf_counter() - (self.first_token_at or self.started)
+        return (len(self.ids) - 1) / elapsed if elapsed > 0 else 0.0
+
+    def stats(self, prompt_tokens: int) -> TurnStats:
+        now = time.perf_counter()
+        first = self.first_token_at or now
+        return TurnStats(
+            prompt_tokens=prompt_tokens,
+            generated_tokens=len(self.ids),
+            prefill_seconds=first - self.started,
+            decode_seconds=now - first,
+            time_to_first_token=first - self.started,
+            stop_reason=self.reason,
+        )
+
+    def _show(self, delta: str) -> str:
+        stops = self.settings.stop
+        if not delta or not stops:
+            self.text += delta
+            return delta
+        combined = self.text + delta
+        # A stop string may straddle earlier text and this delta: search only where it could end.
+        search_from = max(0, len(self.text) - max(len(stop) for stop in stops) + 1)
+        hits = [index for stop in stops if (index := combined.find(stop, search_from)) != -1]
+        if not hits:
+            self.text = combined
+            return delta
+        self.reason = "stop_string"
+        cut = max(min(hits), len(self.text))
+        shown = combined[len(self.text) : cut]
+        self.text = combined[:cut]
+        return shown
+
+
+def _eviction_policy(value: str) -> str:
+    if value not in defaults.EVICTION_POLICIES:
+        raise ConfigError(f"eviction must be one of {', '.join(defaults.EVICTION_POLICIES)}, got {value!r}")
+    return value
+
+
+def _drain(events: Iterator[Event]) -> None:
+    for _ in events:
+        pass
+
+
+@dataclass
+class _Snapshot:
+    """The cache right after the last prompt: /regen restores it and samples a new reply."""
+
+    cache_state: Any
+    mirror: CacheMirror
+    logits: torch.Tensor
+
+    @classmethod
+    def take(cls, session: ChatSession, logits: torch.Tensor) -> _Snapshot:
+        return cls(session.cache.snapshot(), session.mirror.copy(), logits.clone())
+
+    def restore(self, session: ChatSession) -> torch.Tensor:
+        session.cache.restore(self.cache_state)
+        session.mirror = self.mirror.copy()
+        return self.logits
