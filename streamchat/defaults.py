@@ -41,9 +41,24 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 APP_NAME = "streamchat"
 ENV_PREFIX = "STREAMCHAT_"
 CACHE_DIR_ENV = "STREAMCHAT_CACHE_DIR"
+DATA_DIR_ENV = "STREAMCHAT_DATA_DIR"
 CONFIG_FILE_ENV = "STREAMCHAT_CONFIG"
 
 # Piped transcripts: how user turns are read, and how the conversation is written to stdout.
 TRANSCRIPT_FORMAT = "auto"
 TRANSCRIPT_TURNS = "line"
 OUTPUT_FORMAT = "text"
+
+# Benchmarks (`streamchat bench ppl|speed`); `--quick` sizes live in streamchat/bench.
+BENCH_OUT_DIR = "bench-results"
+BENCH_POLICIES = ("dense", "window", "recompute", "streaming")
+# ppl: the paper's Figure 3 cache (4 + 1020), over more than twice the default model's 8192 context.
+PPL_TOKENS = 20_000
+PPL_SINKS = 4
+PPL_WINDOW = 1020
+# Tokens per forward pass of window, recompute and streaming alike, so all three predict each token
+# from 961..1024 tokens; 64 keeps recomputation (a 1024-token pass per chunk) to minutes on a CPU.
+PPL_CHUNK = 64
+# speed: tokens streamed before each measurement, and decode steps timed per policy at each.
+SPEED_CHECKPOINTS = (1000, 2000, 4000, 8000, 10_000, 16_000, 32_000, 64_000)
+SPEED_STEPS = 9

@@ -20,6 +20,9 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setenv("STREAMCHAT_CACHE_DIR", str(caches / "streamchat"))
     monkeypatch.setenv("HF_HOME", str(caches / "huggingface"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("STREAMCHAT_DATA_DIR", str(caches / "data"))
+    for name in ("NO_COLOR", "FORCE_COLOR", "STREAMCHAT_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +44,11 @@ def default_model(tmp_path_factory: pytest.TempPathFactory):
             del os.environ[defaults.CACHE_DIR_ENV]
         else:
             os.environ[defaults.CACHE_DIR_ENV] = saved
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory):
+    """A directory holding a tiny random chat model that `streamchat run --model DIR` loads in a second."""
+    from tests.support.model_dirs import save_tiny_chat_model
+
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))

@@ -7,16 +7,20 @@ torch and transformers are imported only by the commands that load a model, so
 from __future__ import annotations
 
 import gc
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from streamchat import __version__, defaults
+from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
 from streamchat.app.errors import reported_errors, stderr
+from streamchat.app.launch import run_chat
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.catalog import CatalogEntry, model_catalog
 from streamchat.loading.device import DEVICE_MAPS
@@ -30,6 +34,12 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 stdout = Console(highlight=False)
+
+RUN_EPILOG = (
+    "Every option can also be set in the config file "
+    f"({config_file_location(os.environ)}, e.g. window = 4000) or as an environment variable "
+    "(STREAMCHAT_WINDOW=4000); the command line wins. In the chat, /help lists the commands."
+)
 
 ModelOption = Annotated[
     str | None,
@@ -135,17 +145,112 @@ def info(
     _show_model(_options(model, device, dtype, device_map, trust_remote_code, allow_pickle))
 
 
-@app.command()
+def _run_option(help_text: str, panel: str, *names: str, metavar: str | None = None) -> Any:
+    return typer.Option(*names, help=help_text, rich_help_panel=panel, show_default=False, metavar=metavar)
+
+
+@app.command(epilog=RUN_EPILOG)
 def run(
     model: ModelOption = None,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
+    sinks: Annotated[
+        int | None, _run_option(f"First tokens kept forever (attention sinks). [default: {defaults.SINKS}]", "Cache")
+    ] = None,
+    window: Annotated[
+        int | None,
+        _run_option(f"Most recent tokens kept; older ones are evicted. [default: {defaults.WINDOW:,}]", "Cache"),
+    ] = None,
+    evict: Annotated[
+        str | None,
+        _run_option(
+            "token: evict just what each step needs (keeps the most context). "
+            "turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
+            f"[default: {defaults.EVICTION_POLICY}]",
+            "Cache",
+            metavar="[token|turn]",
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        _run_option(f"Longest reply, in tokens. [default: the model's, else {defaults.MAX_NEW_TOKENS}]", "Generation"),
+    ] = None,
+    temperature: Annotated[
+        float | None, _run_option("0 is greedy. [default: the model's, else 0.7]", "Generation")
+    ] = None,
+    top_p: Annotated[
+        float | None, _run_option("Nucleus sampling: keep the likeliest tokens up to this mass.", "Generation")
+    ] = None,
+    top_k: Annotated[int | None, _run_option("Keep the k likeliest tokens (0 = off).", "Generation")] = None,
+    min_p: Annotated[
+        float | None, _run_option("Drop tokens below min-p times the likeliest's probability.", "Generation")
+    ] = None,
+    repetition_penalty: Annotated[
+        float | None, _run_option("Above 1 discourages tokens already in the cache.", "Generation")
+    ] = None,
+    seed: Annotated[int | None, _run_option("Seed for reproducible sampling.", "Generation")] = None,
+    system: Annotated[str | None, _run_option("System prompt.", "Generation")] = None,
+    device: Annotated[
+        str | None,
+        _run_option("auto picks cuda, then mps, then cpu. [default: auto]", "Model", metavar="[auto|cpu|cuda|mps]"),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        _run_option(
+            "auto: bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU. [default: auto]",
+            "Model",
+            metavar="[auto|float32|bfloat16|float16]",
+        ),
+    ] = None,
     device_map: DeviceMapOption = None,
-    trust_remote_code: TrustRemoteCodeOption = False,
-    allow_pickle: AllowPickleOption = False,
+    trust_remote_code: Annotated[
+        bool | None,
+        _run_option(
+            "Run Python code that ships with the model (only for publishers you trust).", "Model", "--trust-remote-code"
+        ),
+    ] = None,
+    allow_pickle: Annotated[
+        bool | None,
+        _run_option("Allow pickled .bin weights, which can run code while loading.", "Model", "--allow-pickle"),
+    ] = None,
+    markdown: Annotated[bool | None, _run_option("Render replies as Markdown.", "Display", "--markdown")] = None,
+    transcript: Annotated[
+        str | None,
+        _run_option(
+            "Read user turns from FILE instead of the prompt ('example' plays a shipped sample). "
+            "Also used when stdin is not a terminal.",
+            "Transcript",
+            metavar="FILE",
+        ),
+    ] = None,
+    transcript_format: Annotated[
+        str | None, _run_option("[default: auto]", "Transcript", metavar="[auto|text|jsonl|mtbench]")
+    ] = None,
+    turns: Annotated[
+        str | None,
+        _run_option(
+            "Plain text: one turn per line, or turns separated by blank lines. [default: line]",
+            "Transcript",
+            metavar="[line|blank-line]",
+        ),
+    ] = None,
+    output_format: Annotated[
+        str | None,
+        _run_option(
+            "How the transcript is written to stdout. [default: text]", "Transcript", metavar="[text|jsonl|markdown]"
+        ),
+    ] = None,
 ) -> None:
-    """Chat with a model. For now it loads the model, prints its summary and exits."""
-    _show_model(_options(model, device, dtype, device_map, trust_remote_code, allow_pickle))
+    """Chat with a model, forever: every turn streams through one sink + window cache."""
+    given = {name: value for name, value in locals().items() if value is not None}
+    with reported_errors():
+        config = resolve_run_config(given, os.environ, find_config_file(os.environ))
+    try:
+        with reported_errors():
+            code = run_chat(config, _load)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    raise typer.Exit(code)
 
 
 def _options(

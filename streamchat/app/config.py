@@ -126,7 +126,7 @@ class RunConfig:
     model: str = defaults.DEFAULT_MODEL
     sinks: int = defaults.SINKS
     window: int = defaults.WINDOW
-    max_new_tokens: int = defaults.MAX_NEW_TOKENS
+    max_new_tokens: int | None = None  # None: the model's generation config, else defaults.MAX_NEW_TOKENS
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

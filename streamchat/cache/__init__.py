@@ -1,7 +1,33 @@
-"""The sink-preserving rolling KV cache (StreamingLLM) for transformers 5."""
+"""The sink-preserving rolling KV cache (StreamingLLM) for transformers 5.
 
-from streamchat.cache.ledger import CacheStats, Eviction
-from streamchat.cache.prefill import prefill, prefill_chunks
-from streamchat.cache.sink_cache import LayerSpec, SinkCache, layer_specs
+Names are imported on first use, so `streamchat.cache.ledger` (pure Python) can be
+used without loading torch and transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamchat.cache.ledger import CacheStats, Eviction
+    from streamchat.cache.prefill import prefill, prefill_chunks
+    from streamchat.cache.sink_cache import LayerSpec, SinkCache, layer_specs
+
+_HOMES = {
+    "CacheStats": "ledger",
+    "Eviction": "ledger",
+    "prefill": "prefill",
+    "prefill_chunks": "prefill",
+    "LayerSpec": "sink_cache",
+    "SinkCache": "sink_cache",
+    "layer_specs": "sink_cache",
+}
 
 __all__ = ["CacheStats", "Eviction", "LayerSpec", "SinkCache", "layer_specs", "prefill", "prefill_chunks"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -100,6 +100,10 @@ class SinkCache(Cache):
         start = self.get_seq_length()
         return torch.arange(start, start + count, device=device).unsqueeze(0)
 
+    def is_consistent(self) -> bool:
+        """False when a forward pass stopped half way (some layers missed it): reset, then refill."""
+        return all(layer.steps == self.steps for layer in self.layers)
+
     def snapshot(self) -> CacheSnapshot:
         """A copy of everything the cache holds, to restore() later (regenerating a reply)."""
         return CacheSnapshot(
@@ -173,8 +177,8 @@ class SinkCache(Cache):
     # ---- internals ----------------------------------------------------------------------
 
     def _begin_step(self, incoming: int) -> None:
-        unfinished = [index for index, layer in enumerate(self.layers) if layer.steps != self.steps]
-        if unfinished:
+        if not self.is_consistent():
+            unfinished = [index for index, layer in enumerate(self.layers) if layer.steps != self.steps]
             raise CacheStateError(
                 f"a forward pass stopped half way (layers {unfinished[0]}..{unfinished[-1]} missed it): reset the cache"
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from streamchat.cache import CacheStats
+from streamchat.cache.ledger import CacheStats
 
 StopReason = Literal["eos", "stop_string", "max_new_tokens", "interrupted"]
 

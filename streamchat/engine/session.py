@@ -96,6 +96,7 @@ class ChatSession:
 
     def chat(self, text: str) -> Iterator[Event]:
         """Feed a user message and stream the reply."""
+        self._stop_requested = False  # a stop() during the prompt ends the reply before it starts
         self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
         prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
@@ -111,10 +112,27 @@ class ChatSession:
         if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
             raise ConfigError("there is no reply to regenerate yet")
         self.transcript.pop()
+        self._stop_requested = False
         started = time.perf_counter()
         logits = self._snapshot.restore(self)
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield from self._reply(logits, 0, started)
+
+    def recover(self) -> Iterator[Event]:
+        """After a turn was torn off mid-step (a second Ctrl-C), make the session whole again.
+
+        A cache that missed part of a forward pass is rebuilt from the transcript. A turn
+        without a reply is dropped: a reply must follow a prompt in the cache.
+        """
+        messages = list(self.transcript)
+        if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+            messages.pop()
+        if messages and messages[-1]["role"] == "user":
+            messages.pop()
+        in_step = self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache_stats().used
+        if messages == self.transcript and in_step:
+            return iter(())
+        return self.replay(messages)
 
     def stop(self) -> None:
         """Ask the reply being generated to end after the current token (safe from a signal handler)."""
@@ -207,7 +225,6 @@ class ChatSession:
 
     def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float) -> Iterator[Event]:
         """Decode until a stop, then close the turn in the cache and the transcript."""
-        self._stop_requested = False
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
         reply = _Reply(self.tokenizer, self.settings, started)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,7 +118,7 @@ def _load_pretrained(
     # supports it (Gemma 2's logit softcapping does not), eager otherwise.
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     attention = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
-    with model_errors(name):
+    with model_errors(name), _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(
             directory,
             config=config,
@@ -129,3 +131,18 @@ def _load_pretrained(
         )
         tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
     return model, tokenizer
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No "Loading weights" bar or info logs: a local load takes a second, and the UI says what happens."""
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.enable_progress_bar()
+        transformers_logging.set_verbosity(verbosity)

@@ -109,12 +109,16 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     assert default_row.rstrip().endswith(f"{packaged_default.resolve()}  yes, packaged GGUF")
 
 
-def test_run_loads_the_model_with_its_options(tmp_path: Path):
+def test_info_and_run_load_the_model_with_its_options(tmp_path: Path):
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    result = streamchat("run", "--model", str(gguf), "--dtype", "bfloat16", "--device", "cpu")
+    result = streamchat("info", "--model", str(gguf), "--dtype", "bfloat16", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert f"source         GGUF file {gguf}" in result.stdout
     assert "dtype          bfloat16" in result.stdout
+    command = [*STREAMCHAT, "run", "--model", str(gguf), "--dtype", "bfloat16", "--max-new-tokens", "3"]
+    chat = subprocess.run(command, input="Hi\n", capture_output=True, text=True, timeout=300)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.startswith("USER: Hi\n\nASSISTANT: ")
 
 
 def closed_port() -> int:

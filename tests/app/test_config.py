@@ -35,7 +35,7 @@ def test_defaults_come_from_defaults_py_and_sampling_stays_unset() -> None:
         defaults.DEFAULT_MODEL,
         defaults.SINKS,
         defaults.WINDOW,
-        defaults.MAX_NEW_TOKENS,
+        None,
     )
     assert (config.device, config.dtype, config.evict) == (
         defaults.DEVICE,

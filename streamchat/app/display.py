@@ -1,0 +1,238 @@
+"""Rich rendering of the engine's events: the streaming reply, evictions, and a live cache panel.
+
+While a reply streams, finished lines scroll up as plain text and a live area at the
+bottom holds the line being written, the latest eviction and the occupancy bar. The
+display only renders; it never drives the engine. Rich honours NO_COLOR and narrow
+terminals by itself; the bar keeps distinct characters so it reads without colour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.table import Table
+from rich.text import Text
+
+from streamchat.app.status import BAR_CHARACTERS, bar_segments, fit_status, one_line_preview
+from streamchat.cache.ledger import CacheStats
+from streamchat.engine.events import (
+    CacheOccupancy,
+    Event,
+    Evicted,
+    PromptTruncated,
+    Replayed,
+    TextDelta,
+    TurnFinished,
+    TurnStats,
+)
+
+SEGMENT_STYLES = {"sinks": "magenta", "window": "cyan", "free": "bright_black"}
+REFRESH_PER_SECOND = 8
+
+
+@dataclass
+class _TurnEvictions:
+    """What one turn forgot: how much, which stream indices, and where its text begins and ends."""
+
+    count: int = 0
+    first_index: int = -1
+    last_index: int = -1
+    head: str = ""
+    tail: str = ""
+
+    KEEP = 120  # characters of text kept at each end
+
+    def add(self, event: Evicted) -> None:
+        if not self.count:
+            self.first_index = event.first_index
+        self.count += event.count
+        self.last_index = event.last_index
+        if len(self.head) < self.KEEP:
+            self.head = (self.head + event.text)[: self.KEEP]
+        self.tail = (self.tail + event.text)[-self.KEEP :]
+
+    def preview(self, width: int) -> str:
+        """The forgotten text in one line: all of it if short, else its beginning and its end."""
+        whole = self.head if len(self.head) < self.KEEP else ""
+        if whole and len(" ".join(whole.split())) <= width:
+            return " ".join(whole.split())
+        half = max(8, (width - 3) // 2)
+        return f"{one_line_preview(self.head, half)} … {one_line_preview(self.tail, half)}"
+
+
+class ChatDisplay:
+    """Renders one conversation's events on a console (stdout when chatting, stderr when piped)."""
+
+    def __init__(self, console: Console, *, show_text: bool = True, markdown: bool = False) -> None:
+        self.console = console
+        self.show_text = show_text
+        self.markdown = markdown
+        self.stats: CacheStats | None = None
+        self.speed = 0.0
+        self._live: Live | None = None
+        self._partial = ""
+        self._reply = ""
+        self._evictions = _TurnEvictions()
+
+    # ---- a turn -----------------------------------------------------------------------------
+
+    def show(self, events: Iterable[Event]) -> None:
+        """Render events as they come, with the live panel up while they last."""
+        self._partial, self._reply, self._evictions = "", "", _TurnEvictions()
+        self.speed = 0.0
+        with Live(
+            self,
+            console=self.console,
+            transient=True,
+            refresh_per_second=REFRESH_PER_SECOND,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        ) as live:
+            self._live = live
+            try:
+                for event in events:
+                    self.handle(event)
+            finally:
+                self._live = None
+        self._finish_text()
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, TextDelta):
+            self._add_text(event.text)
+        elif isinstance(event, Evicted):
+            self._evictions.add(event)
+            self.stats = event.stats
+        elif isinstance(event, CacheOccupancy):
+            self.stats, self.speed = event.stats, event.decode_tokens_per_second
+        elif isinstance(event, PromptTruncated):
+            self._print(
+                Text(
+                    f"⚠ your message is {event.prompt_tokens:,} tokens, longer than the window: "
+                    f"the model sees only its last {event.visible_tokens:,} ({event.dropped_tokens:,} dropped)",
+                    style="yellow",
+                )
+            )
+        elif isinstance(event, TurnFinished):
+            self._turn_summary(event.stats)
+        elif isinstance(event, Replayed):
+            self._print(Text(f"replayed {event.messages} messages ({event.tokens:,} tokens)", style="dim"))
+
+    # ---- what the live area shows -----------------------------------------------------------
+
+    def __rich__(self) -> RenderableType:
+        parts: list[RenderableType] = []
+        if self.show_text and self._partial:
+            parts.append(Text(self._visible_partial()))
+        if self._evictions.count:
+            parts.append(self._eviction_line())
+        if self.stats is not None:
+            parts.append(self.status_line(self.stats, self.speed))
+        return Group(*parts)
+
+    def status_line(self, stats: CacheStats, speed: float = 0.0) -> Text:
+        bar_width, figures = fit_status(stats, speed, self.console.width)
+        line = Text()
+        for segment, cells in bar_segments(stats, bar_width):
+            line.append(BAR_CHARACTERS[segment] * cells, style=SEGMENT_STYLES[segment])
+        line.append("  " + " · ".join(figures), style="dim")
+        return line
+
+    def _eviction_line(self) -> Text:
+        """While a reply streams: the latest forgotten text, as it goes."""
+        evictions = self._evictions
+        preview = one_line_preview(evictions.tail, max(16, self.console.width - 30))
+        return Text.assemble(
+            ("⟲ ", "yellow"),
+            (f"forgot {evictions.count:,} token{'s' if evictions.count != 1 else ''}", "yellow"),
+            (f"  …{preview}", "dim"),
+        )
+
+    # ---- text ---------------------------------------------------------------------------------
+
+    def _add_text(self, text: str) -> None:
+        self._reply += text
+        if not self.show_text or self.markdown:
+            self._partial += text
+            return
+        self._partial += text
+        *done, self._partial = self._partial.split("\n")
+        for line in done:
+            self._print(Text(line))
+        # A long paragraph without newlines: print its wrapped lines but the last.
+        width = self.console.width
+        if len(self._partial) > 4 * width:
+            wrapped = Text(self._partial).wrap(self.console, width)
+            for line in wrapped[:-1]:
+                self._print(line)
+            self._partial = wrapped[-1].plain
+
+    def _visible_partial(self) -> str:
+        if not self.markdown:
+            return self._partial
+        # Markdown is rendered once complete; meanwhile show the tail of the raw text.
+        lines = self._partial.split("\n")
+        return "\n".join(lines[-max(3, self.console.height - 4) :])
+
+    def _finish_text(self) -> None:
+        if not self.show_text:
+            return
+        if self.markdown:
+            if self._reply.strip():
+                self.console.print(Markdown(self._reply))
+        elif self._partial:
+            self.console.print(Text(self._partial))
+        self._partial = ""
+
+    def _turn_summary(self, stats: TurnStats) -> None:
+        self._finish_text()
+        evictions = self._evictions
+        if evictions.count:
+            self._print(
+                Text.assemble(
+                    ("⟲ ", "yellow"),
+                    (f"forgot {evictions.count:,} token{'s' if evictions.count != 1 else ''}", "yellow"),
+                    (f" (#{evictions.first_index:,}–#{evictions.last_index:,})", "dim"),
+                    (f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
+                )
+            )
+        self._print(Text(turn_stats_line(stats), style="dim"))
+        self._evictions = _TurnEvictions()
+
+    def _print(self, renderable: RenderableType) -> None:
+        # Above the live area while it is up; plainly otherwise.
+        (self._live.console if self._live is not None else self.console).print(renderable)
+
+    # ---- outside a turn -------------------------------------------------------------------
+
+    def notice(self, text: str) -> None:
+        self.console.print(Text(text, style="dim"))
+
+    def error(self, text: str) -> None:
+        self.console.print(Text.assemble(("error: ", "bold red"), text))
+
+    def table(self, title: str, rows: Iterable[tuple[str, str]]) -> None:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for key, value in rows:
+            table.add_row(key, value)
+        self.console.print(Text(title, style="bold underline"))
+        self.console.print(table)
+
+
+def turn_stats_line(stats: TurnStats) -> str:
+    reason = {
+        "eos": "",
+        "stop_string": " · stop string",
+        "max_new_tokens": " · length limit",
+        "interrupted": " · stopped",
+    }
+    return (
+        f"{stats.generated_tokens:,} tokens · {stats.decode_tokens_per_second:.1f} tok/s · "
+        f"prompt {stats.prompt_tokens:,} at {stats.prefill_tokens_per_second:.0f} tok/s · "
+        f"first token {stats.time_to_first_token:.2f} s{reason[stats.stop_reason]}"
+    )

@@ -1,0 +1,123 @@
+"""`streamchat run`, after the options: load the model, build the session, chat or play a transcript.
+
+Interactive when stdin and stdout are terminals and no --transcript is given;
+otherwise user turns come from the transcript (or the pipe) and the conversation goes
+to stdout. Piped stdin never reaches prompt_toolkit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import platformdirs
+from rich.console import Console
+
+from streamchat import __version__, defaults
+from streamchat.app.config import RunConfig
+from streamchat.app.display import ChatDisplay
+from streamchat.app.errors import stderr
+from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
+from streamchat.loading import LoadedModel, LoadOptions
+
+if TYPE_CHECKING:
+    from prompt_toolkit.formatted_text import StyleAndTextTuples
+
+    from streamchat.engine.session import ChatSession
+
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+
+
+def data_dir() -> Path:
+    """Prompt history and saved sessions: $STREAMCHAT_DATA_DIR, else the user data dir."""
+    configured = os.environ.get(defaults.DATA_DIR_ENV)
+    return Path(configured).expanduser() if configured else Path(platformdirs.user_data_dir(defaults.APP_NAME))
+
+
+def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> int:
+    """Chat or play a transcript with `config`; `load(options)` loads the model (the CLI's loader)."""
+    interactive = config.transcript is None and sys.stdin.isatty() and sys.stdout.isatty()
+    # Opened first, so a missing transcript fails before a model loads for nothing.
+    items = None if interactive else _transcript_items(config)
+    loaded = load(_load_options(config))
+    session = _session(config, loaded)
+    if interactive:
+        return _interactive(config, loaded, session)
+    return _piped(config, session, items)
+
+
+def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> int:
+    from streamchat.app.chat import ChatApp
+    from streamchat.app.repl import Prompter, toolbar_text
+
+    console = Console(highlight=False)
+    display = ChatDisplay(console, markdown=config.markdown)
+
+    def toolbar() -> StyleAndTextTuples:
+        stats = session.cache_stats()
+        return toolbar_text(stats if stats.seen else None, console.width)
+
+    prompter = Prompter(data_dir() / "history", lambda: [key for key, _ in session.options()], toolbar)
+    display.notice(_banner(config, loaded))
+    app = ChatApp(session, display, prompter, loaded.source.name, data_dir() / "sessions")
+    return app.run()
+
+
+def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
+    from streamchat.app.piped import run_transcript
+
+    display = ChatDisplay(stderr, show_text=False) if stderr.is_terminal else None
+    writer = transcript_writer(config.output_format, sys.stdout)
+    if config.system:
+        writer.write_message("system", config.system)
+
+    def report(text: str) -> None:
+        stderr.print(f"[yellow]warning:[/] {text}", markup=True, highlight=False)
+
+    return run_transcript(session, items, writer, display, report)
+
+
+def _transcript_items(config: RunConfig) -> Iterator[TranscriptItem]:
+    options = {"transcript_format": config.transcript_format, "turns": config.turns}
+    if config.transcript is not None:
+        return read_transcript_file(config.transcript, **options)
+    return read_transcript(sys.stdin.buffer, "<stdin>", **options)
+
+
+def _load_options(config: RunConfig) -> LoadOptions:
+    return LoadOptions(
+        model=config.model,
+        device=config.device,
+        dtype=config.dtype,
+        device_map=config.device_map,
+        trust_remote_code=config.trust_remote_code,
+        allow_pickle=config.allow_pickle,
+    )
+
+
+def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
+    from streamchat.engine.session import ChatSession, SessionOptions
+    from streamchat.engine.settings import GenerationSettings
+
+    settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
+    overrides = {name: getattr(config, name) for name in GENERATION_OPTIONS if getattr(config, name) is not None}
+    options = SessionOptions(
+        sinks=config.sinks,
+        window=config.window,
+        eviction=config.evict,
+        system_prompt=config.system,
+        settings=dataclasses.replace(settings, **overrides),
+    )
+    return ChatSession(loaded.model, loaded.tokenizer, options)
+
+
+def _banner(config: RunConfig, loaded: LoadedModel) -> str:
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    return (
+        f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
+        f"cache {config.sinks} sinks + {config.window:,} window · /help for commands, Ctrl-D to leave"
+    )

@@ -1,0 +1,96 @@
+"""Transcript mode: user turns from a file or a pipe, the conversation to stdout.
+
+All turns run through one session. The transcript goes to stdout in the chosen
+format; the live cache display and eviction notes go to stderr, only when stderr is a
+terminal. A malformed line is reported on stderr and skipped; the run goes on and
+exits with the transcript error code at the end. Ctrl-C stops the current reply and
+ends the run.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from streamchat.app.display import ChatDisplay
+from streamchat.app.errors import INTERRUPTED_EXIT_CODE
+from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
+from streamchat.engine.events import Event, TextDelta, TurnFinished
+from streamchat.engine.session import ChatSession
+from streamchat.errors import TranscriptError
+
+
+def run_transcript(
+    session: ChatSession,
+    items: Iterable[TranscriptItem],
+    writer: TranscriptWriter,
+    display: ChatDisplay | None,
+    report: Any,
+) -> int:
+    """Play every turn; return the exit code. `report(text)` prints a one-line problem on stderr."""
+    skipped = 0
+    interrupted = False
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        session.stop()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        for item in items:
+            if isinstance(item, SkippedLine):
+                report(str(item.error))
+                skipped += 1
+            elif isinstance(item, SystemPrompt):
+                _render(session.set_system_prompt(item.text), display)
+                if item.text:
+                    writer.write_message("system", item.text)
+            elif isinstance(item, UserTurn):
+                writer.write_message("user", item.text)
+                writer.start_reply()
+                finished = _render(_written(session.chat(item.text), writer), display)
+                writer.end_reply(_stats(finished))
+            if interrupted:
+                return INTERRUPTED_EXIT_CODE
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return TranscriptError.exit_code if skipped else 0
+
+
+def _written(events: Iterator[Event], writer: TranscriptWriter) -> Iterator[Event]:
+    for event in events:
+        if isinstance(event, TextDelta):
+            writer.write_delta(event.text)
+        yield event
+
+
+def _render(events: Iterator[Event], display: ChatDisplay | None) -> TurnFinished | None:
+    finished = None
+
+    def watched() -> Iterator[Event]:
+        nonlocal finished
+        for event in events:
+            if isinstance(event, TurnFinished):
+                finished = event
+            yield event
+
+    if display is None:
+        for _ in watched():
+            pass
+    else:
+        display.show(watched())
+    return finished
+
+
+def _stats(finished: TurnFinished | None) -> dict[str, object] | None:
+    if finished is None:
+        return None
+    # Counts only: timings would make the same run write different bytes.
+    stats = finished.stats
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "generated_tokens": stats.generated_tokens,
+        "stop_reason": stats.stop_reason,
+    }

@@ -1,0 +1,91 @@
+"""The installed console script in a real pseudo-terminal: type, watch the reply and the cache, use commands, Ctrl-C."""
+
+import os
+import sys
+
+import pexpect
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def chat(tiny_chat_model, tmp_path):
+    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model)]
+    arguments += ["--window", "40", "--max-new-tokens", "30", "--temperature", "0"]
+    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child.expect_exact("streamchat 0.1.0")
+    yield child
+    child.close(force=True)
+
+
+def send(child, text):
+    """Type a line once the prompt is up (keys typed before it would be lost)."""
+    child.expect_exact("›")
+    child.send(text + "\r")
+
+
+def test_a_conversation_with_evictions_commands_and_a_stopped_reply(chat, tmp_path):
+    # A reply streams; the window of 40 fills and tokens are forgotten as the reply goes on.
+    send(chat, "Hello there, tell me something.")
+    chat.expect(r"forgot \d+ tokens?")
+    chat.expect_exact("30 tokens ·")
+    chat.expect(r"4 sinks \| 40/40 window \| 0 free")  # the toolbar's occupancy
+
+    send(chat, "/cache")
+    chat.expect_exact("capacity")
+    chat.expect_exact("44 = 4 sinks + 40 window")
+    chat.expect_exact("forgotten")
+
+    send(chat, "/set temperature 0.5")
+    chat.expect_exact("temperature = 0.5")
+    send(chat, "/nope")
+    chat.expect_exact("unknown command /nope")
+
+    # Ctrl-C during a long reply stops it; the session goes on.
+    send(chat, "/set max_new_tokens 100000")
+    chat.expect_exact("max_new_tokens = 100000")
+    send(chat, "Now talk for a long time.")
+    chat.expect(r"forgot \d+ tokens?")
+    chat.sendintr()
+    chat.expect_exact("· stopped")
+    send(chat, "/set max_new_tokens 5")
+    send(chat, "Are you still there?")
+    chat.expect_exact("5 tokens ·")
+
+    send(chat, "/stats")
+    chat.expect(r"turns(?:\x1b\[[0-9;]*m|\s)+3")  # the table's styles sit between the cells
+
+    # Ctrl-D leaves with a one-line summary, and the conversation is saved.
+    chat.expect_exact("›")
+    chat.sendcontrol("d")
+    chat.expect(r"3 turns · [\d,]+ tokens streamed · [\d,]+ evicted · saved to ")
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0
+    assert (tmp_path / "sessions" / "last.json").exists()
+
+
+def test_ctrl_c_at_an_empty_prompt_leaves(chat):
+    chat.expect_exact("›")
+    chat.sendintr()
+    chat.expect(r"0 turns · 0 tokens streamed · 0 evicted")
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0
+
+
+def test_help_lists_the_commands_and_a_block_message_spans_lines(chat):
+    send(chat, "/help")
+    for command in ("/reset", "/regen", "/system", "/set", "/save", "/load", "/stats", "/cache", "/quit"):
+        chat.expect_exact(command)
+    send(chat, '"""first line')
+    chat.expect_exact("·")  # the continuation prompt
+    chat.send('second line"""\r')
+    chat.expect_exact("30 tokens ·")
+    send(chat, "/quit")
+    chat.expect(r"1 turn · ")
+    chat.expect(pexpect.EOF)

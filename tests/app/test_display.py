@@ -1,0 +1,102 @@
+"""The Rich display, rendered into a string: what scrolls up, and what the live area shows."""
+
+import io
+
+from rich.console import Console
+
+from streamchat.app.display import ChatDisplay
+from streamchat.cache.ledger import CacheStats
+from streamchat.engine.events import CacheOccupancy, Evicted, PromptTruncated, TextDelta, TurnFinished, TurnStats
+
+FULL = CacheStats(sinks_held=4, sink_capacity=4, window_used=40, window_capacity=40, seen=100, evicted=56)
+STATS = TurnStats(
+    prompt_tokens=10,
+    generated_tokens=5,
+    prefill_seconds=0.1,
+    decode_seconds=0.4,
+    time_to_first_token=0.1,
+    stop_reason="max_new_tokens",
+)
+
+
+def console(width=60, **options):
+    return Console(file=io.StringIO(), width=width, height=20, color_system=None, **options)
+
+
+def turn_events():
+    return [
+        PromptTruncated(prompt_tokens=80, visible_tokens=40),
+        TextDelta("Hello wor"),
+        TextDelta("ld.\nSecond line"),
+        Evicted(count=3, first_index=10, last_index=12, text="the old words", stats=FULL),
+        CacheOccupancy(FULL, 12.5),
+        TextDelta(" ends."),
+        TurnFinished("Hello world.\nSecond line ends.", STATS),
+    ]
+
+
+def test_a_turn_scrolls_up_as_plain_text_with_an_eviction_summary():
+    screen = console()
+    ChatDisplay(screen).show(iter(turn_events()))
+    assert screen.file.getvalue() == (
+        "⚠ your message is 80 tokens, longer than the window: the \n"
+        "model sees only its last 40 (40 dropped)\n"
+        "Hello world.\n"
+        "Second line ends.\n"
+        "⟲ forgot 3 tokens (#10–#12)  the old words\n"
+        "5 tokens · 10.0 tok/s · prompt 10 at 100 tok/s · first token\n"
+        "0.10 s · length limit\n"
+    )
+
+
+def test_the_live_area_holds_the_line_being_written_the_last_eviction_and_the_bar():
+    screen, live = console(), console(width=80)
+    display = ChatDisplay(screen)
+    for event in turn_events()[1:5]:
+        display.handle(event)
+    live.print(display)
+    assert live.file.getvalue() == (
+        "Second line\n"
+        "⟲ forgot 3 tokens  …the old words\n"
+        "▓█████████  4 sinks | 40/40 window | 0 free · 100 streamed\n"  # fitted to the 60 columns
+    )
+
+
+def test_piped_mode_shows_only_the_cache_not_the_reply():
+    screen = console()
+    ChatDisplay(screen, show_text=False).show(iter(turn_events()))
+    assert "Hello" not in screen.file.getvalue()
+    assert "⟲ forgot 3 tokens" in screen.file.getvalue()
+
+
+def test_markdown_replies_are_rendered_once_complete():
+    screen = console()
+    events = [TextDelta("# Title\n\n- one\n- two"), TurnFinished("# Title\n\n- one\n- two", STATS)]
+    ChatDisplay(screen, markdown=True).show(iter(events))
+    output = screen.file.getvalue()
+    assert "Title" in output and "• one" in output and "# Title" not in output
+
+
+def test_no_color_keeps_the_bar_readable(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    screen = Console(file=io.StringIO(), width=100, force_terminal=True)
+    display = ChatDisplay(screen)
+    screen.print(display.status_line(FULL, 3.0))
+    output = screen.file.getvalue()
+    assert "\x1b[3" not in output  # no foreground colours
+    assert "▓" in output and "█" in output
+
+
+def test_colour_terminals_get_coloured_segments():
+    screen = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
+    screen.print(ChatDisplay(screen).status_line(FULL, 3.0))
+    assert "\x1b[35m▓" in screen.file.getvalue()  # magenta sinks
+
+
+def test_a_long_paragraph_scrolls_up_before_it_ends():
+    screen = console(width=20)
+    display = ChatDisplay(screen)
+    display.show(iter([TextDelta("word " * 30), TurnFinished("", STATS)]))
+    lines = screen.file.getvalue().splitlines()
+    assert lines[0].startswith("word word word")
+    assert all(len(line) <= 20 for line in lines[:-2])

@@ -1,0 +1,150 @@
+"""Transcript mode through the real console script: turns from stdin or a file, the conversation on stdout."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamchat.engine.events import TurnFinished
+from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.engine.settings import GenerationSettings
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+OPTIONS = ["--max-new-tokens", "6", "--temperature", "0.8", "--seed", "7", "--window", "40"]
+
+
+def streamchat(model_dir, *args, stdin: bytes = b"", env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "streamchat", "run", "--model", str(model_dir), *OPTIONS, *args],
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def expected_replies(model_dir, turns, system=None):
+    """The same conversation run in-process: what the command must print, byte for byte."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    settings = GenerationSettings(max_new_tokens=6, temperature=0.8, seed=7)
+    session = ChatSession(
+        model,
+        AutoTokenizer.from_pretrained(model_dir),
+        SessionOptions(window=40, settings=settings, system_prompt=system),
+    )
+    return [next(e for e in session.chat(turn) if isinstance(e, TurnFinished)).reply for turn in turns]
+
+
+def text_transcript(turns, replies):
+    return "\n".join(f"USER: {turn}\n\nASSISTANT: {reply}\n" for turn, reply in zip(turns, replies, strict=True))
+
+
+def test_plain_lines_give_a_byte_exact_transcript(tiny_chat_model):
+    turns = ["Hello there", "How are you?", "Tell me a story."]
+    result = streamchat(tiny_chat_model, stdin="\n".join(turns).encode() + b"\n")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode() == text_transcript(turns, expected_replies(tiny_chat_model, turns))
+    assert result.stderr == b""  # stderr is not a terminal: no live display
+
+
+def test_blank_line_separated_turns_can_span_lines(tiny_chat_model):
+    turns = ["Hello there,\nfriend", "How are you?"]
+    result = streamchat(tiny_chat_model, "--turns", "blank-line", stdin=b"Hello there,\nfriend\n\nHow are you?\n")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode() == text_transcript(turns, expected_replies(tiny_chat_model, turns))
+
+
+def test_jsonl_chat_lines_with_a_system_prompt_and_jsonl_output(tiny_chat_model):
+    lines = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": "ignored"},
+        {"role": "user", "content": "How are you?"},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    result = streamchat(tiny_chat_model, "--output-format", "jsonl", stdin=stdin)
+    assert result.returncode == 0, result.stderr.decode()
+    written = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    replies = expected_replies(tiny_chat_model, ["Hello there", "How are you?"], system="Be brief.")
+    assert [(m["role"], m["content"]) for m in written] == [
+        ("system", "Be brief."),
+        ("user", "Hello there"),
+        ("assistant", replies[0]),
+        ("user", "How are you?"),
+        ("assistant", replies[1]),
+    ]
+    assert written[2]["stats"] == {
+        "prompt_tokens": written[2]["stats"]["prompt_tokens"],
+        "generated_tokens": 6,
+        "stop_reason": "max_new_tokens",
+    }
+
+
+@pytest.mark.skipif(not (SHARED / "mt_bench.jsonl").exists(), reason="shared data is not present")
+def test_mt_bench_questions_as_markdown(tiny_chat_model, tmp_path):
+    questions = (SHARED / "mt_bench.jsonl").read_text().splitlines()[:2]
+    path = tmp_path / "bench.jsonl"
+    path.write_text("\n".join(questions) + "\n")
+    turns = [turn for line in questions for turn in json.loads(line)["turns"]]
+    result = streamchat(tiny_chat_model, "--transcript", str(path), "--output-format", "markdown")
+    assert result.returncode == 0, result.stderr.decode()
+    replies = expected_replies(tiny_chat_model, turns)
+    expected = "\n".join(f"### User\n\n{t}\n\n### Assistant\n\n{r}\n" for t, r in zip(turns, replies, strict=True))
+    assert result.stdout.decode() == expected
+
+
+def test_the_shipped_example_plays(tiny_chat_model):
+    result = streamchat(tiny_chat_model, "--transcript", "example")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().count("ASSISTANT: ") >= 6
+
+
+def test_a_malformed_line_is_named_skipped_and_fails_the_run_at_the_end(tiny_chat_model):
+    stdin = b'{"role": "user", "content": "Hello"}\n{"role": "user", "content": \n{"role": "user", "content": "Bye"}\n'
+    result = streamchat(tiny_chat_model, stdin=stdin)
+    assert result.returncode == 7
+    assert result.stdout.decode().count("ASSISTANT: ") == 2
+    assert result.stderr.decode().strip() == (
+        "warning: <stdin> line 2: not valid JSON (Expecting value at column 29); line skipped"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stdin", "message"),
+    [
+        (b"", "error: no turns found in <stdin>"),
+        (b"\n\n  \n", "error: no turns found in <stdin>"),
+        (b"hello\x00\xff\xfe binary", "error: <stdin> line 1:"),
+    ],
+)
+def test_unusable_input_is_one_line_and_exit_code_7(tiny_chat_model, stdin, message):
+    result = streamchat(tiny_chat_model, stdin=stdin)
+    assert result.returncode == 7
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message)
+    assert "Traceback" not in result.stderr.decode()
+
+
+def test_a_missing_transcript_file_fails_before_loading_the_model(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "streamchat", "run", "--transcript", str(tmp_path / "nope.txt")],
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 7
+    assert "nope.txt" in result.stderr.decode() and "Traceback" not in result.stderr.decode()
+
+
+def test_a_closed_pipe_ends_the_run_quietly(tiny_chat_model):
+    turns = "\n".join(f"Turn {n}" for n in range(30)) + "\n"
+    command = f"{sys.executable} -m streamchat run --model {tiny_chat_model} {' '.join(OPTIONS)} | head -3"
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"], input=turns.encode(), capture_output=True, timeout=120
+    )
+    assert result.stdout.decode().splitlines()[0] == "USER: Turn 0"
+    assert len(result.stdout.decode().splitlines()) == 3
+    assert result.stderr == b"" and result.returncode == 0
