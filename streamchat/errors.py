@@ -68,3 +68,15 @@ class CacheStateError(StreamchatError):
 
 class CommandError(StreamchatError):
     """A slash command typed at the chat prompt is unknown or misses its argument; the chat goes on."""
+
+
+# How torch words allocation failures: "CUDA out of memory", "MPS backend out of memory",
+# and on CPU "DefaultCPUAllocator: can't allocate memory".
+_OUT_OF_MEMORY_WORDING = ("out of memory", "can't allocate memory", "not enough memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether a library's exception means an allocation failed (torch raises RuntimeErrors)."""
+    if isinstance(error, MemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY_WORDING)

@@ -1,19 +1,18 @@
 """The code base stays ruff clean: lint and format are part of the test suite."""
 
-import shutil
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUFF = shutil.which("ruff")
 
 
-@pytest.mark.skipif(RUFF is None, reason="ruff is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed")
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
 def test_ruff(command):
-    result = subprocess.run(
-        [RUFF, *command, "streamchat", "tests", "scripts"], cwd=ROOT, capture_output=True, text=True
-    )
+    arguments = [sys.executable, "-m", "ruff", *command, "streamchat", "tests", "scripts"]
+    result = subprocess.run(arguments, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

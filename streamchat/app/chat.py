@@ -8,6 +8,7 @@ second Ctrl-C abandons it, and the cache is rebuilt from the transcript.
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,10 +55,14 @@ class ChatApp:
 
     def turn(self, events: Iterator[Event]) -> None:
         try:
-            with _stop_on_interrupt(self.session):
+            with _stop_on_interrupt(self.session), _keys_not_echoed():
                 self.display.show(self._counted(events))
         except KeyboardInterrupt:
             self.display.notice("reply abandoned; rebuilding the cache from the transcript")
+            self.display.show(self.session.recover())
+        except StreamchatError as error:
+            # A turn that failed half way (out of memory, say) must not leave the cache torn.
+            self.display.error(str(error))
             self.display.show(self.session.recover())
 
     def _counted(self, events: Iterator[Event]) -> Iterator[Event]:
@@ -152,6 +157,26 @@ class ChatApp:
             except StreamchatError as error:
                 line += f" · not saved: {error}"
         self.display.notice(line)
+
+
+@contextmanager
+def _keys_not_echoed() -> Iterator[None]:
+    """Keys typed while a reply streams wait for the next prompt instead of landing in the reply."""
+    try:
+        import termios
+
+        descriptor = sys.stdin.fileno()
+        saved = termios.tcgetattr(descriptor)
+    except (ImportError, OSError, ValueError):  # not a terminal, or not POSIX
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(descriptor, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(descriptor, termios.TCSANOW, saved)
 
 
 @contextmanager

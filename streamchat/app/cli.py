@@ -21,6 +21,7 @@ from streamchat import __version__, defaults
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
 from streamchat.app.errors import reported_errors, stderr
 from streamchat.app.launch import run_chat
+from streamchat.bench.commands import bench_app
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.catalog import CatalogEntry, model_catalog
 from streamchat.loading.device import DEVICE_MAPS
@@ -33,6 +34,7 @@ app = typer.Typer(
     # Locals would dump tensors and tokens into a bug report's traceback.
     pretty_exceptions_show_locals=False,
 )
+app.add_typer(bench_app, name="bench")
 stdout = Console(highlight=False)
 
 RUN_EPILOG = (
@@ -153,28 +155,30 @@ def _run_option(help_text: str, panel: str, *names: str, metavar: str | None = N
 def run(
     model: ModelOption = None,
     sinks: Annotated[
-        int | None, _run_option(f"First tokens kept forever (attention sinks). [default: {defaults.SINKS}]", "Cache")
+        int | None, _run_option(f"First tokens kept forever (attention sinks). \\[default: {defaults.SINKS}]", "Cache")
     ] = None,
     window: Annotated[
         int | None,
-        _run_option(f"Most recent tokens kept; older ones are evicted. [default: {defaults.WINDOW:,}]", "Cache"),
+        _run_option(f"Most recent tokens kept; older ones are evicted. \\[default: {defaults.WINDOW:,}]", "Cache"),
     ] = None,
     evict: Annotated[
         str | None,
         _run_option(
             "token: evict just what each step needs (keeps the most context). "
             "turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
-            f"[default: {defaults.EVICTION_POLICY}]",
+            f"\\[default: {defaults.EVICTION_POLICY}]",
             "Cache",
             metavar="[token|turn]",
         ),
     ] = None,
     max_new_tokens: Annotated[
         int | None,
-        _run_option(f"Longest reply, in tokens. [default: the model's, else {defaults.MAX_NEW_TOKENS}]", "Generation"),
+        _run_option(
+            f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]", "Generation"
+        ),
     ] = None,
     temperature: Annotated[
-        float | None, _run_option("0 is greedy. [default: the model's, else 0.7]", "Generation")
+        float | None, _run_option("0 is greedy. \\[default: the model's, else 0.7]", "Generation")
     ] = None,
     top_p: Annotated[
         float | None, _run_option("Nucleus sampling: keep the likeliest tokens up to this mass.", "Generation")
@@ -190,12 +194,12 @@ def run(
     system: Annotated[str | None, _run_option("System prompt.", "Generation")] = None,
     device: Annotated[
         str | None,
-        _run_option("auto picks cuda, then mps, then cpu. [default: auto]", "Model", metavar="[auto|cpu|cuda|mps]"),
+        _run_option("auto picks cuda, then mps, then cpu. \\[default: auto]", "Model", metavar="[auto|cpu|cuda|mps]"),
     ] = None,
     dtype: Annotated[
         str | None,
         _run_option(
-            "auto: bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU. [default: auto]",
+            "auto: bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU. \\[default: auto]",
             "Model",
             metavar="[auto|float32|bfloat16|float16]",
         ),
@@ -204,14 +208,24 @@ def run(
     trust_remote_code: Annotated[
         bool | None,
         _run_option(
-            "Run Python code that ships with the model (only for publishers you trust).", "Model", "--trust-remote-code"
+            "Run Python code that ships with the model (only for publishers you trust).",
+            "Model",
+            "--trust-remote-code/--no-trust-remote-code",
+            metavar="",
         ),
     ] = None,
     allow_pickle: Annotated[
         bool | None,
-        _run_option("Allow pickled .bin weights, which can run code while loading.", "Model", "--allow-pickle"),
+        _run_option(
+            "Allow pickled .bin weights, which can run code while loading.",
+            "Model",
+            "--allow-pickle/--no-allow-pickle",
+            metavar="",
+        ),
     ] = None,
-    markdown: Annotated[bool | None, _run_option("Render replies as Markdown.", "Display", "--markdown")] = None,
+    markdown: Annotated[
+        bool | None, _run_option("Render replies as Markdown.", "Display", "--markdown/--plain", metavar="")
+    ] = None,
     transcript: Annotated[
         str | None,
         _run_option(
@@ -222,12 +236,15 @@ def run(
         ),
     ] = None,
     transcript_format: Annotated[
-        str | None, _run_option("[default: auto]", "Transcript", metavar="[auto|text|jsonl|mtbench]")
+        str | None,
+        _run_option(
+            "How the transcript file is read. \\[default: auto]", "Transcript", metavar="[auto|text|jsonl|mtbench]"
+        ),
     ] = None,
     turns: Annotated[
         str | None,
         _run_option(
-            "Plain text: one turn per line, or turns separated by blank lines. [default: line]",
+            "Plain text: one turn per line, or turns separated by blank lines. \\[default: line]",
             "Transcript",
             metavar="[line|blank-line]",
         ),
@@ -235,7 +252,7 @@ def run(
     output_format: Annotated[
         str | None,
         _run_option(
-            "How the transcript is written to stdout. [default: text]", "Transcript", metavar="[text|jsonl|markdown]"
+            "How the transcript is written to stdout. \\[default: text]", "Transcript", metavar="[text|jsonl|markdown]"
         ),
     ] = None,
 ) -> None:

@@ -8,6 +8,7 @@ terminals by itself; the bar keeps distinct characters so it reads without colou
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,7 +32,9 @@ from streamchat.engine.events import (
 )
 
 SEGMENT_STYLES = {"sinks": "magenta", "window": "cyan", "free": "bright_black"}
-REFRESH_PER_SECOND = 8
+# Redraws of the live area, at most; drawn between tokens on the main thread (no refresh
+# thread competing with generation for the GIL).
+REFRESH_PER_SECOND = 12
 
 
 @dataclass
@@ -88,14 +91,18 @@ class ChatDisplay:
             self,
             console=self.console,
             transient=True,
-            refresh_per_second=REFRESH_PER_SECOND,
+            auto_refresh=False,
             redirect_stdout=False,
             redirect_stderr=False,
         ) as live:
             self._live = live
+            drawn = 0.0
             try:
                 for event in events:
                     self.handle(event)
+                    if time.monotonic() - drawn >= 1 / REFRESH_PER_SECOND:
+                        live.refresh()
+                        drawn = time.monotonic()
             finally:
                 self._live = None
         self._finish_text()

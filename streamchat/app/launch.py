@@ -45,6 +45,13 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
     items = None if interactive else _transcript_items(config)
     loaded = load(_load_options(config))
     session = _session(config, loaded)
+    if loaded.max_context and config.sinks + config.window > loaded.max_context:
+        stderr.print(
+            f"[yellow]warning:[/] a cache of {config.sinks + config.window:,} tokens is longer than the "
+            f"{loaded.max_context:,} {loaded.source.name} was trained on; expect worse replies (try --window "
+            f"{loaded.max_context - config.sinks})",
+            highlight=False,
+        )
     if interactive:
         return _interactive(config, loaded, session)
     return _piped(config, session, items)

@@ -10,15 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamchat.cache.feeding import prefill, prefill_chunks
     from streamchat.cache.ledger import CacheStats, Eviction
-    from streamchat.cache.prefill import prefill, prefill_chunks
     from streamchat.cache.sink_cache import LayerSpec, SinkCache, layer_specs
 
 _HOMES = {
     "CacheStats": "ledger",
     "Eviction": "ledger",
-    "prefill": "prefill",
-    "prefill_chunks": "prefill",
+    "prefill": "feeding",
+    "prefill_chunks": "feeding",
     "LayerSpec": "sink_cache",
     "SinkCache": "sink_cache",
     "layer_specs": "sink_cache",

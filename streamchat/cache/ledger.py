@@ -177,7 +177,7 @@ class StreamLedger:
         if to_window > self.window:
             raise CacheConfigError(
                 f"{incoming} tokens in one step do not fit a window of {self.window}: "
-                f"feed at most {self.window} at a time (streamchat.cache.prefill chunks for you)"
+                f"feed at most {self.window} at a time (streamchat.cache.feeding chunks for you)"
             )
         return to_sinks, to_window
 

@@ -21,7 +21,7 @@ import torch
 
 from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
-from streamchat.cache.prefill import chunk_sizes
+from streamchat.cache.feeding import chunk_sizes
 from streamchat.engine.detokenize import IncrementalDetokenizer
 from streamchat.engine.events import (
     CacheOccupancy,
@@ -39,7 +39,7 @@ from streamchat.engine.sampling import Sampler
 from streamchat.engine.session_file import SavedSession, read_session, save_session
 from streamchat.engine.settings import GenerationSettings
 from streamchat.engine.template import ChatFormat, stop_token_ids
-from streamchat.errors import ConfigError
+from streamchat.errors import ConfigError, OutOfMemoryError, is_out_of_memory
 
 Message = dict[str, str]
 
@@ -276,13 +276,21 @@ class ChatSession:
                 chunk = token_ids[start : start + size]
                 yield from self._evict(self.cache.ledger.overflow(size))
                 ids = torch.tensor([chunk], device=self.device)
-                logits = self.model(
-                    input_ids=ids,
-                    cache=self.cache,
-                    position_ids=self.cache.position_ids(size, device=self.device),
-                    use_cache=True,
-                    logits_to_keep=1,
-                ).logits
+                try:
+                    logits = self.model(
+                        input_ids=ids,
+                        cache=self.cache,
+                        position_ids=self.cache.position_ids(size, device=self.device),
+                        use_cache=True,
+                        logits_to_keep=1,
+                    ).logits
+                except (MemoryError, RuntimeError) as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    raise OutOfMemoryError(
+                        f"out of memory on {self.device} while reading {size} tokens; "
+                        "try a smaller --window, --dtype bfloat16 or float16, or a smaller model"
+                    ) from error
                 self.mirror.append(chunk, message)
                 start += size
         return logits

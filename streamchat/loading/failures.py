@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from streamchat.errors import ModelNotFoundError, OutOfMemoryError, UnsupportedModelError
-
-# How torch words allocation failures: "CUDA out of memory", "MPS backend out of memory",
-# and on CPU "DefaultCPUAllocator: can't allocate memory".
-_OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "not enough memory")
+from streamchat.errors import ModelNotFoundError, OutOfMemoryError, UnsupportedModelError, is_out_of_memory
 
 
 @contextmanager
@@ -17,10 +13,8 @@ def model_errors(name: str) -> Iterator[None]:
     """Report failures while reading, converting or loading the model `name` as domain errors."""
     try:
         yield
-    except MemoryError as error:
-        raise _out_of_memory(name) from error
-    except RuntimeError as error:
-        if not any(text in str(error) for text in _OUT_OF_MEMORY):
+    except (MemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
             raise
         raise _out_of_memory(name) from error
     except ValueError as error:

@@ -8,7 +8,7 @@ import torch
 from streamchat.engine.events import CacheOccupancy, Evicted, PromptTruncated, Replayed, TextDelta, TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
-from streamchat.errors import ConfigError, SessionFileError
+from streamchat.errors import ConfigError, OutOfMemoryError, SessionFileError
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer, plain_tokenizer
 
@@ -299,3 +299,23 @@ def test_the_cache_view_names_what_was_forgotten():
     assert view.forgotten_tokens == session.cache_stats().evicted
     assert view.forgotten_messages >= 2
     assert torch.tensor(view.window_ids).tolist() == session.mirror.token_ids()[4:]
+
+
+def test_running_out_of_memory_is_a_domain_error_and_the_session_recovers():
+    session = make_session()
+    run(session.chat("Hello!"))
+    model = session.model
+    forward = model.forward
+
+    def exhausted(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model.forward = exhausted
+    try:
+        with pytest.raises(OutOfMemoryError, match=r"out of memory on cpu while reading .* smaller --window"):
+            list(session.chat("More please"))
+    finally:
+        model.forward = forward
+    run(session.recover())
+    assert [m["role"] for m in session.transcript] == ["user", "assistant"]
+    assert run(session.chat("More please"))[-1].stats.generated_tokens == 8

@@ -1,0 +1,146 @@
+"""`streamchat bench ppl|speed --quick` end to end through the Typer sub-app: tables, CSV files, plots, errors."""
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from streamchat.bench.commands import bench_app
+
+PPL_HEADER = [
+    "policy",
+    "cache",
+    "tokens",
+    "ppl",
+    "ppl_reference",
+    "ppl_tail",
+    "tail_vs_reference",
+    "vs_recompute",
+    "seconds",
+    "tokens_per_second",
+]
+SPEED_HEADER = [
+    "streamed",
+    "fill",
+    "streaming_ms",
+    "dense_ms",
+    "recompute_ms",
+    "streaming_vs_dense",
+    "recompute_vs_streaming",
+    "streaming_mib",
+    "dense_mib",
+    "recompute_mib",
+]
+
+
+def invoke(*args: str):
+    # Wide, so that table rows stay on one line each.
+    return CliRunner().invoke(bench_app, list(args), env={"COLUMNS": "250"}, catch_exceptions=False)
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8") as file:
+        reader = csv.DictReader(file)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_ppl_quick_writes_the_table_the_csv_files_and_the_plot(tiny_model_dir, text_file, tmp_path):
+    out = tmp_path / "results"
+    result = invoke("ppl", "--quick", "--text", str(text_file), "--model", str(tiny_model_dir), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "Perplexity:" in result.output and "cache 4+60, chunk 16" in result.output
+    for policy, cache in (("dense", "every token"), ("window", "0+64"), ("recompute", "64, recomputed")):
+        assert policy in result.output and cache in result.output
+    assert "streaming / recompute PPL:" in result.output
+    header, rows = read_csv(out / "ppl.csv")
+    assert header == PPL_HEADER
+    assert [row["policy"] for row in rows] == ["dense", "window", "recompute", "streaming"]
+    for row in rows:
+        assert int(row["tokens"]) == 384
+        for key in ("ppl", "ppl_reference", "ppl_tail"):
+            assert math.isfinite(float(row[key])) and float(row[key]) > 1
+        assert float(row["seconds"]) > 0
+    assert float(rows[2]["vs_recompute"]) == 1
+    header, curve = read_csv(out / "ppl-curve.csv")
+    assert header[:3] == ["token", "dense_ppl", "dense_running_ppl"] and len(header) == 9
+    assert [int(row["token"]) for row in curve] == [*range(32, 384, 32), 383]
+    assert (out / "ppl.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_ppl_runs_only_the_policies_asked(tiny_model_dir, text_file, tmp_path):
+    args = ("ppl", "--quick", "--text", str(text_file), "--model", str(tiny_model_dir), "--out", str(tmp_path))
+    result = invoke(*args, "--policies", "streaming,window", "--tokens", "200")
+    assert result.exit_code == 0, result.output
+    _, rows = read_csv(tmp_path / "ppl.csv")
+    assert [(row["policy"], row["tokens"], row["vs_recompute"]) for row in rows] == [
+        ("window", "200", ""),
+        ("streaming", "200", ""),
+    ]
+    assert "window / streaming PPL:" in result.output and "recompute PPL" not in result.output
+
+
+def test_speed_quick_on_a_random_preset_writes_the_table_the_csv_and_the_plot(tmp_path):
+    result = invoke("speed", "--quick", "--random-init", "tiny", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "Decode speed: random tiny on cpu (float32), cache 4+60, median of 3 steps" in result.output
+    assert "recompute / streaming latency, cache 64 (worst):" in result.output
+    header, rows = read_csv(tmp_path / "speed.csv")
+    assert header == SPEED_HEADER
+    assert [(row["streamed"], row["fill"]) for row in rows] == [("64", "64"), ("128", "64"), ("256", "64")]
+    for row in rows:
+        assert all(float(row[key]) > 0 for key in SPEED_HEADER)
+    assert (tmp_path / "speed.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_speed_runs_a_loaded_model_with_the_sizes_given(tiny_model_dir, tmp_path):
+    args = ("speed", "--model", str(tiny_model_dir), "--sinks", "2", "--window", "14", "--out", str(tmp_path))
+    result = invoke(*args, "--checkpoints", "8,40", "--steps", "1")
+    assert result.exit_code == 0, result.output
+    _, rows = read_csv(tmp_path / "speed.csv")
+    assert [(row["streamed"], row["fill"]) for row in rows] == [("8", "8"), ("40", "16")]
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    result = invoke("speed", "--quick", "--random-init", "tiny", "--checkpoints", "64", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "matplotlib is not installed, so no plot was drawn (pip install 'streamchat[bench]')" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["speed.csv"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("ppl", "--text", "missing.txt"), "error: --text missing.txt: no such file"),
+        (("ppl", "--text", "{text}", "--policies", "sinks"), "error: --policies 'sinks': choose from dense,"),
+        (("ppl", "--text", "{text}", "--quick", "--chunk", "0"), "error: --chunk 0: must be at least 1"),
+        (("speed", "--model", "x", "--random-init", "tiny"), "error: --model and --random-init exclude each other"),
+        (("speed", "--random-init", "gpt-5"), "error: --random-init 'gpt-5': not a preset (llama-2-7b,"),
+        (("speed", "--random-init", "tiny", "--checkpoints", "9,x"), "error: --checkpoints '9,x': give whole numbers"),
+        (("speed", "--random-init", "tiny", "--device", "cuda"), "error: --device cuda: torch sees no CUDA GPU"),
+    ],
+)
+def test_mistakes_are_one_line_errors(args, message, text_file):
+    if "--device" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    result = invoke(*(arg.replace("{text}", str(text_file)) for arg in args))
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert line.startswith(message)
+
+
+def test_the_sub_app_mounts_as_streamchat_bench(tmp_path):
+    app = typer.Typer()
+    app.add_typer(bench_app, name="bench")
+    listed = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "250"})
+    assert listed.exit_code == 0 and "ppl" in listed.output and "speed" in listed.output
+    result = CliRunner().invoke(
+        app, ["bench", "speed", "--quick", "--random-init", "tiny", "--checkpoints", "64", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "speed.csv").exists()
