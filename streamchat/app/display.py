@@ -18,7 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.app.status import BAR_CHARACTERS, bar_segments, fit_status, one_line_preview
+from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
@@ -60,11 +60,11 @@ class _TurnEvictions:
 
     def preview(self, width: int) -> str:
         """The forgotten text in one line: all of it if short, else its beginning and its end."""
-        whole = self.head if len(self.head) < self.KEEP else ""
-        if whole and len(" ".join(whole.split())) <= width:
-            return " ".join(whole.split())
+        head, tail = " ".join(self.head.split()), " ".join(self.tail.split())
+        if len(self.head) < self.KEEP and len(head) <= width:
+            return head
         half = max(8, (width - 3) // 2)
-        return f"{one_line_preview(self.head, half)} … {one_line_preview(self.tail, half)}"
+        return f"{first_words(head, half)} … {last_words(tail, half)}"
 
 
 class ChatDisplay:
@@ -151,7 +151,7 @@ class ChatDisplay:
     def _eviction_line(self) -> Text:
         """While a reply streams: the latest forgotten text, as it goes."""
         evictions = self._evictions
-        preview = one_line_preview(evictions.tail, max(16, self.console.width - 30))
+        preview = last_words(" ".join(evictions.tail.split()), max(16, self.console.width - 30))
         return Text.assemble(
             ("⟲ ", "yellow"),
             (f"forgot {evictions.count:,} token{'s' if evictions.count != 1 else ''}", "yellow"),

@@ -77,10 +77,14 @@ def fit_status(stats: CacheStats, tokens_per_second: float, columns: int) -> tup
         wanted.pop()
 
 
-def one_line_preview(text: str, limit: int = 48) -> str:
-    """Forgotten text as one short line: whitespace collapsed, the middle elided."""
-    flat = " ".join(text.split())
-    if len(flat) <= limit:
-        return flat
-    head = (limit - 1) // 2
-    return flat[:head] + "…" + flat[-(limit - 1 - head) :]
+def first_words(text: str, limit: int) -> str:
+    """At most `limit` characters from the start, not ending in a cut word when a space allows."""
+    cut = text[:limit]
+    if len(text) > limit and text[limit] != " " and " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip()
+
+
+def last_words(text: str, limit: int) -> str:
+    """At most `limit` characters from the end, not starting in a cut word when a space allows."""
+    return first_words(text[::-1], limit)[::-1]

@@ -49,6 +49,14 @@ def test_a_turn_scrolls_up_as_plain_text_with_an_eviction_summary():
     )
 
 
+def test_a_long_eviction_summary_shows_where_the_forgotten_text_begins_and_ends():
+    screen = console(width=80)
+    words = " ".join(f"word{n}" for n in range(60))
+    events = [Evicted(count=60, first_index=4, last_index=63, text=words, stats=FULL), TurnFinished("", STATS)]
+    ChatDisplay(screen).show(iter(events))
+    assert screen.file.getvalue().splitlines()[0] == "⟲ forgot 60 tokens (#4–#63)  word0 word1 word2 … word58 word59"
+
+
 def test_the_live_area_holds_the_line_being_written_the_last_eviction_and_the_bar():
     screen, live = console(), console(width=80)
     display = ChatDisplay(screen)

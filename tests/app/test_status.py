@@ -1,6 +1,6 @@
 import pytest
 
-from streamchat.app.status import bar_segments, bar_text, fit_status, one_line_preview, status_figures
+from streamchat.app.status import bar_segments, bar_text, first_words, fit_status, last_words, status_figures
 from streamchat.cache.ledger import CacheStats
 
 
@@ -36,6 +36,8 @@ def test_narrow_terminals_drop_figures_before_the_bar(columns, kept):
     assert width + sum(len(f) + 3 for f in figures) <= max(columns, 10 + 1)
 
 
-def test_previews_are_one_short_line():
-    assert one_line_preview("a  b\n\nc") == "a b c"
-    assert one_line_preview("x" * 30 + "y" * 30, 11) == "xxxxx…yyyyy"
+def test_previews_cut_at_a_word_boundary_when_there_is_one():
+    assert first_words("the old house at the end", 12) == "the old"
+    assert first_words("the old house", 13) == "the old house"
+    assert last_words("the old house at the end", 12) == "at the end"
+    assert first_words("長い長い文章", 3) == "長い長"
