@@ -191,6 +191,10 @@ def run(
         float | None, _run_option("Above 1 discourages tokens already in the cache.", "Generation")
     ] = None,
     seed: Annotated[int | None, _run_option("Seed for reproducible sampling.", "Generation")] = None,
+    stop: Annotated[
+        list[str] | None,
+        _run_option("End a reply where this text appears (repeat for several).", "Generation", metavar="TEXT"),
+    ] = None,
     system: Annotated[str | None, _run_option("System prompt.", "Generation")] = None,
     device: Annotated[
         str | None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -109,6 +110,15 @@ def _device(raw: object) -> str:
     raise ValueError(f"must be one of {', '.join(defaults.DEVICES)}, or cuda:N")
 
 
+def _stop_strings(raw: object) -> tuple[str, ...]:
+    # The environment gives one string, read as shell words like `/set stop`; the command
+    # line and TOML give a list.
+    strings = shlex.split(raw) if isinstance(raw, str) else raw
+    if isinstance(strings, (list, tuple)) and all(isinstance(text, str) and text for text in strings):
+        return tuple(strings)
+    raise ValueError("must be non-empty strings")
+
+
 def _checked(convert: Converter, holds: Callable[[Any], bool], rule: str) -> Converter:
     def convert_and_check(raw: object) -> Any:
         value = convert(raw)
@@ -133,6 +143,7 @@ class RunConfig:
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
+    stop: tuple[str, ...] | None = None
     system: str | None = None
     device: str = defaults.DEVICE
     dtype: str = defaults.DTYPE
@@ -169,6 +180,7 @@ _CONVERTERS: dict[str, Converter] = {
     "min_p": _checked(_number, lambda x: 0 <= x <= 1, "must be between 0 and 1"),
     "repetition_penalty": _checked(_number, lambda x: x > 0, "must be > 0"),
     "seed": _NON_NEGATIVE_INTEGER,
+    "stop": _stop_strings,
     "system": _text,
     "device": _device,
     "dtype": _one_of(defaults.DTYPES),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from streamchat.engine.session import ChatSession
 
-GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
 
 
 def data_dir() -> Path:

@@ -55,11 +55,12 @@ class _RingLayer(CacheLayerMixin):
         self.steps = 0
 
     def snapshot(self) -> dict[str, Any]:
-        return {name: _copied(getattr(self, name)) for name in self._state}
+        # Kept in host memory: a copy on the accelerator would double the cache's footprint there.
+        return {name: _copied(getattr(self, name), "cpu") for name in self._state}
 
     def restore(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
-            setattr(self, name, _copied(value))
+            setattr(self, name, _copied(value, self.device))
 
     def _write_runs(self, base: int, runs: tuple[Run, ...], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy keys/values [batch, heads, n, dim], in order, into the slot runs (offset by `base`)."""
@@ -183,5 +184,5 @@ class SlidingLayer(_RingLayer):
             self._rotate_slots(0, self.slots, -delta)
 
 
-def _copied(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else value
+def _copied(value: Any, device: torch.device | str) -> Any:
+    return value.to(device, copy=True) if isinstance(value, torch.Tensor) else value

@@ -22,19 +22,17 @@ import torch
 from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.feeding import chunk_sizes
-from streamchat.engine.detokenize import IncrementalDetokenizer
 from streamchat.engine.events import (
     CacheOccupancy,
     Event,
     Evicted,
     PromptTruncated,
     Replayed,
-    StopReason,
     TextDelta,
     TurnFinished,
-    TurnStats,
 )
 from streamchat.engine.mirror import CacheMirror, CacheView
+from streamchat.engine.reply import Reply
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.session_file import SavedSession, read_session, save_session
 from streamchat.engine.settings import GenerationSettings
@@ -227,7 +225,7 @@ class ChatSession:
         """Decode until a stop, then close the turn in the cache and the transcript."""
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
-        reply = _Reply(self.tokenizer, self.settings, started)
+        reply = Reply(self.tokenizer, self.settings, started)
         try:
             yield from self._decode(logits, reply, message)
         except GeneratorExit:
@@ -240,7 +238,7 @@ class ChatSession:
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
 
-    def _decode(self, logits: torch.Tensor, reply: _Reply, message: int) -> Iterator[Event]:
+    def _decode(self, logits: torch.Tensor, reply: Reply, message: int) -> Iterator[Event]:
         """Sample, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         settings = reply.settings
         while not self._stop_requested:
@@ -257,7 +255,7 @@ class ChatSession:
             yield CacheOccupancy(self.cache_stats(), reply.decode_speed())
         reply.reason = "interrupted"
 
-    def _close(self, reply: _Reply, message: int) -> Iterator[Event]:
+    def _close(self, reply: Reply, message: int) -> Iterator[Event]:
         """Feed what closes the reply (its last token, the end of turn) and record its text."""
         tail = reply.flush()
         if tail:
@@ -324,69 +322,6 @@ class ChatSession:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-
-class _Reply:
-    """One reply as it grows: its tokens, its text (cut at a stop string), its timing."""
-
-    def __init__(self, tokenizer: Any, settings: GenerationSettings, started: float) -> None:
-        self.settings = settings
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.ids: list[int] = []
-        self.text = ""
-        self.pending: list[int] = []  # the last sampled token, until it is fed
-        self.reason: StopReason = "max_new_tokens"
-        self.started = started
-        self.first_token_at: float | None = None
-
-    def add(self, token: int) -> str:
-        """Take a sampled token; return the text it shows (cut short by a stop string)."""
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        self.ids.append(token)
-        self.pending = [token]
-        return self._show(self.detokenizer.push(token))
-
-    def flush(self) -> str:
-        return "" if self.reason == "stop_string" else self._show(self.detokenizer.flush())
-
-    def take_pending(self) -> list[int]:
-        pending, self.pending = self.pending, []
-        return pending
-
-    def decode_speed(self) -> float:
-        elapsed = time.perf_counter() - (self.first_token_at or self.started)
-        return (len(self.ids) - 1) / elapsed if elapsed > 0 else 0.0
-
-    def stats(self, prompt_tokens: int) -> TurnStats:
-        now = time.perf_counter()
-        first = self.first_token_at or now
-        return TurnStats(
-            prompt_tokens=prompt_tokens,
-            generated_tokens=len(self.ids),
-            prefill_seconds=first - self.started,
-            decode_seconds=now - first,
-            time_to_first_token=first - self.started,
-            stop_reason=self.reason,
-        )
-
-    def _show(self, delta: str) -> str:
-        stops = self.settings.stop
-        if not delta or not stops:
-            self.text += delta
-            return delta
-        combined = self.text + delta
-        # A stop string may straddle earlier text and this delta: search only where it could end.
-        search_from = max(0, len(self.text) - max(len(stop) for stop in stops) + 1)
-        hits = [index for stop in stops if (index := combined.find(stop, search_from)) != -1]
-        if not hits:
-            self.text = combined
-            return delta
-        self.reason = "stop_string"
-        cut = max(min(hits), len(self.text))
-        shown = combined[len(self.text) : cut]
-        self.text = combined[:cut]
-        return shown
 
 
 def _eviction_policy(value: str) -> str:

@@ -142,6 +142,7 @@ EVERY_OPTION = {
     "min_p": ("0.3", 0.3),
     "repetition_penalty": ("1.2", 1.2),
     "seed": ("11", 11),
+    "stop": ("END", ("END",)),
     "system": ("Be kind.", "Be kind."),
     "device": ("cpu", "cpu"),
     "dtype": ("float16", "float16"),
@@ -169,6 +170,16 @@ def test_every_option_can_be_given_in_every_source(tmp_path: Path, source: str) 
         lines = "".join(f"{name.replace('_', '-')} = {text!r}\n" for name, text in texts.items())
         config = resolve_run_config({}, {}, config_file(tmp_path, lines))
     assert config == RunConfig(**{name: value for name, (_, value) in EVERY_OPTION.items()})
+
+
+def test_stop_strings_are_a_list_on_the_command_line_and_in_toml_and_shell_words_in_the_environment(
+    tmp_path: Path,
+) -> None:
+    assert resolve_run_config({"stop": ["END", "two words"]}, {}, None).stop == ("END", "two words")
+    assert resolve_run_config({}, {"STREAMCHAT_STOP": "END 'two words'"}, None).stop == ("END", "two words")
+    toml = config_file(tmp_path, 'stop = ["END", "two words"]\n')
+    assert resolve_run_config({}, {}, toml).stop == ("END", "two words")
+    assert error_of({"stop": ["END", ""]}, {}) == "--stop ['END', '']: must be non-empty strings"
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,16 @@ def test_plain_lines_give_a_byte_exact_transcript(tiny_chat_model):
     assert result.stderr == b""  # stderr is not a terminal: no live display
 
 
+def test_stop_strings_from_the_command_line_cut_the_reply(tiny_chat_model):
+    turns = ["Hello there"]
+    reply = expected_replies(tiny_chat_model, turns)[0]
+    stop = reply[len(reply) // 2 :][:3]
+    assert stop.strip(), "the seeded reply should have text to stop on"
+    result = streamchat(tiny_chat_model, "--stop", stop, "--stop", "never appears", stdin=b"Hello there\n")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode() == text_transcript(turns, [reply[: reply.index(stop)]])
+
+
 def test_blank_line_separated_turns_can_span_lines(tiny_chat_model):
     turns = ["Hello there,\nfriend", "How are you?"]
     result = streamchat(tiny_chat_model, "--turns", "blank-line", stdin=b"Hello there,\nfriend\n\nHow are you?\n")

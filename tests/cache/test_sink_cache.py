@@ -226,6 +226,19 @@ def test_reset_forgets_everything():
     assert player.worst_error(returned, positions) < 1e-6
 
 
+def test_restore_returns_to_the_snapshot_exactly_even_after_evictions_and_a_rebase():
+    player = Player(sinks=4, window=10, dtype=torch.bfloat16)
+    player.feed(14)
+    snapshot, seen = player.cache.snapshot(), player.seen
+    first = [player.feed(count)[0] for count in [1] * 30 + [7]]  # passes rebase_at (24)
+    player.cache.restore(snapshot)
+    player.seen = seen
+    assert player.cache.stats().used == 14 and player.cache.stats().seen == 14
+    again = [player.feed(count)[0] for count in [1] * 30 + [7]]
+    for (keys, values), (keys_again, values_again) in zip(first, again, strict=True):
+        assert torch.equal(keys, keys_again) and torch.equal(values, values_again)
+
+
 def test_an_interrupted_forward_pass_is_detected():
     spec = LayerSpec(INV_FREQ.float())
     cache = SinkCache([spec, spec], sinks=2, window=8)
