@@ -36,10 +36,19 @@ def main(argv: list[str]) -> int:
         return 1
     python = prepare(EXTRAS[task])
     if task == "chat":
-        command = [str(python), "-m", "streamchat", "run", *rest]
-    else:
-        command = [str(python), "-m", "pytest", "-n", "auto", *rest]
-    return subprocess.call(command, cwd=ROOT)
+        # From the caller's directory, so relative --model and --transcript paths mean what they say.
+        return replace_process([str(python), "-m", "streamchat", "run", *rest])
+    os.chdir(ROOT)
+    return replace_process([str(python), "-m", "pytest", "-n", "auto", *rest])
+
+
+def replace_process(command: list[str]) -> int:
+    """Become `command`: no parent left behind to catch the chat's Ctrl-C or outlive it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "nt":
+        return subprocess.call(command)
+    os.execv(command[0], command)
 
 
 def prepare(extras: str) -> Path:

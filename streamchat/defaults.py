@@ -62,3 +62,6 @@ PPL_CHUNK = 64
 # speed: tokens streamed before each measurement, and decode steps timed per policy at each.
 SPEED_CHECKPOINTS = (1000, 2000, 4000, 8000, 10_000, 16_000, 32_000, 64_000)
 SPEED_STEPS = 9
+# display: replies per side (the median of each side counts), and tokens per reply.
+DISPLAY_TRIALS = 5
+DISPLAY_MAX_NEW_TOKENS = 96

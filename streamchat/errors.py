@@ -29,7 +29,7 @@ class ModelNotFoundError(StreamchatError):
 
 
 class ModelAccessError(StreamchatError):
-    """The model exists but cannot be fetched: offline hub, gated repository, missing token."""
+    """The model exists but cannot be fetched or read: offline hub, gated repository, missing token, damaged files."""
 
     exit_code = 4
 

@@ -24,8 +24,6 @@ from streamchat.engine.events import Event, TurnFinished
 from streamchat.engine.session import ChatSession
 from streamchat.errors import CommandError, StreamchatError
 
-LAST_SESSION = "last.json"
-
 
 @dataclass
 class ChatApp:
@@ -40,17 +38,20 @@ class ChatApp:
         self.last_turn: TurnFinished | None = None
 
     def run(self) -> int:
-        while (line := self.prompter.read()) is not None:
-            try:
-                item = commands.parse_line(line)
-                if isinstance(item, commands.Message):
-                    if item.text.strip():
-                        self.turn(self.session.chat(item.text))
-                elif self.command(item) is commands.Quit:
-                    break
-            except StreamchatError as error:
-                self.display.error(str(error))
-        self.goodbye()
+        try:
+            while (line := self.prompter.read()) is not None:
+                try:
+                    item = commands.parse_line(line)
+                    if isinstance(item, commands.Message):
+                        if item.text.strip():
+                            self.turn(self.session.chat(item.text))
+                    elif self.command(item) is commands.Quit:
+                        break
+                except StreamchatError as error:
+                    self.display.error(str(error))
+        finally:
+            # However the chat ends (Ctrl-C while the cache is rebuilt, a bug), the conversation is saved.
+            self.goodbye()
         return 0
 
     def turn(self, events: Iterator[Event]) -> None:
@@ -99,7 +100,7 @@ class ChatApp:
                 session.set_option(key, value)
                 display.notice(f"{key} = {dict(session.options())[key]}")
             case commands.Save(path=path):
-                target = path or self.sessions_dir / f"session-{datetime.now():%Y%m%d-%H%M%S}.json"
+                target = path or self.new_session_path()
                 session.save(target, self.model_name)
                 display.notice(f"saved {len(session.transcript)} messages to {target}")
             case commands.Load(path=path):
@@ -132,25 +133,30 @@ class ChatApp:
     def cache_rows(self) -> list[tuple[str, str]]:
         view, stats = self.session.cache_view(), self.session.cache_stats()
         words = self.session.decode(view.window_ids).split()
-        forgotten = "nothing yet"
-        if view.forgotten_tokens:
-            forgotten = f"{view.forgotten_tokens:,} tokens; messages 1-{view.forgotten_messages} entirely"
-            if view.partly_forgotten_message is not None:
-                forgotten += f", the start of message {view.partly_forgotten_message + 1}"
+        forgotten = [f"{view.forgotten_tokens:,} tokens"] if view.forgotten_tokens else ["nothing yet"]
+        if view.forgotten_messages:
+            whole = view.forgotten_messages
+            forgotten.append("message 1 entirely" if whole == 1 else f"messages 1-{whole} entirely")
+        if view.partly_forgotten_message is not None:
+            forgotten.append(f"the start of message {view.partly_forgotten_message + 1}")
         return [
             ("capacity", f"{stats.capacity:,} = {stats.sink_capacity} sinks + {stats.window_capacity:,} window"),
             ("sinks", repr(self.session.decode(view.sink_ids))),
             ("window starts", " ".join(words[:12]) + (" …" if len(words) > 12 else "")),
             ("window ends", ("… " if len(words) > 12 else "") + " ".join(words[-12:])),
-            ("forgotten", forgotten),
+            ("forgotten", "; ".join(forgotten)),
         ]
+
+    def new_session_path(self) -> Path:
+        """Where /save without a file, and leaving, save the conversation: a new file each time."""
+        return self.sessions_dir / f"session-{datetime.now():%Y%m%d-%H%M%S}.json"
 
     def goodbye(self) -> None:
         stats = self.session.cache_stats()
         turns = f"{self.turns} turn{'' if self.turns == 1 else 's'}"
         line = f"{turns} · {stats.seen:,} tokens streamed · {stats.evicted:,} evicted"
         if self.session.transcript:
-            target = self.sessions_dir / LAST_SESSION
+            target = self.new_session_path()
             try:
                 self.session.save(target, self.model_name)
                 line += f" · saved to {target} (/load it to continue)"

@@ -20,7 +20,7 @@ from rich.table import Table
 from streamchat import __version__, defaults
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
 from streamchat.app.errors import reported_errors, stderr
-from streamchat.app.launch import run_chat
+from streamchat.app.launch import load_options, run_chat
 from streamchat.bench.commands import bench_app
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.catalog import CatalogEntry, model_catalog
@@ -35,7 +35,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(bench_app, name="bench")
-stdout = Console(highlight=False)
+stdout = Console(highlight=False, emoji=False)
 
 RUN_EPILOG = (
     "Every option can also be set in the config file "
@@ -54,17 +54,20 @@ ModelOption = Annotated[
     ),
 ]
 DeviceOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         metavar=f"[{'|'.join(defaults.DEVICES)}]",
-        help="Where the model runs. auto picks cuda, then mps, then cpu.",
+        help="Where the model runs. auto picks cuda, then mps, then cpu. \\[default: auto]",
+        show_default=False,
     ),
 ]
 DtypeOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         metavar=f"[{'|'.join(defaults.DTYPES)}]",
-        help="Weight precision. auto picks bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU.",
+        help="Weight precision. auto picks bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU. "
+        "\\[default: auto]",
+        show_default=False,
     ),
 ]
 DeviceMapOption = Annotated[
@@ -76,18 +79,20 @@ DeviceMapOption = Annotated[
     ),
 ]
 TrustRemoteCodeOption = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--trust-remote-code",
+        "--trust-remote-code/--no-trust-remote-code",
         help="Run Python code that ships with the model. Only for models whose publisher you trust.",
+        show_default=False,
     ),
 ]
 AllowPickleOption = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--allow-pickle",
+        "--allow-pickle/--no-allow-pickle",
         help="Allow pickled .bin weights, which can run code while they load. "
         "Only for models whose publisher you trust.",
+        show_default=False,
     ),
 ]
 
@@ -137,14 +142,17 @@ def _availability(entry: CatalogEntry) -> str:
 @app.command()
 def info(
     model: ModelOption = None,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
     device_map: DeviceMapOption = None,
-    trust_remote_code: TrustRemoteCodeOption = False,
-    allow_pickle: AllowPickleOption = False,
+    trust_remote_code: TrustRemoteCodeOption = None,
+    allow_pickle: AllowPickleOption = None,
 ) -> None:
-    """Load a model and print a summary of it."""
-    _show_model(_options(model, device, dtype, device_map, trust_remote_code, allow_pickle))
+    """Load a model and print a summary of it (options as for `run`, also from the config file and environment)."""
+    given = {name: value for name, value in locals().items() if value is not None}
+    with reported_errors():
+        config = resolve_run_config(given, os.environ, find_config_file(os.environ))
+    _print_summary(_load(load_options(config)))
 
 
 def _run_option(help_text: str, panel: str, *names: str, metavar: str | None = None) -> Any:
@@ -272,28 +280,6 @@ def run(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
     raise typer.Exit(code)
-
-
-def _options(
-    model: str | None,
-    device: str,
-    dtype: str,
-    device_map: str | None,
-    trust_remote_code: bool,
-    allow_pickle: bool,
-) -> LoadOptions:
-    return LoadOptions(
-        model=model,
-        device=device,
-        dtype=dtype,
-        device_map=device_map,
-        trust_remote_code=trust_remote_code,
-        allow_pickle=allow_pickle,
-    )
-
-
-def _show_model(options: LoadOptions) -> None:
-    _print_summary(_load(options))
 
 
 def _load(options: LoadOptions) -> LoadedModel:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping
@@ -38,6 +37,7 @@ from streamchat.app.transcript import (
     TurnSplit,
 )
 from streamchat.errors import ConfigError
+from streamchat.loading.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,13 +101,6 @@ def _one_of(choices: tuple[str, ...]) -> Converter:
         raise ValueError(f"must be one of {', '.join(choices)}")
 
     return convert
-
-
-def _device(raw: object) -> str:
-    value = _text(raw)
-    if value in defaults.DEVICES or re.fullmatch(r"cuda:\d+", value):
-        return value
-    raise ValueError(f"must be one of {', '.join(defaults.DEVICES)}, or cuda:N")
 
 
 def _stop_strings(raw: object) -> tuple[str, ...]:
@@ -182,8 +175,9 @@ _CONVERTERS: dict[str, Converter] = {
     "seed": _NON_NEGATIVE_INTEGER,
     "stop": _stop_strings,
     "system": _text,
-    "device": _device,
-    "dtype": _one_of(defaults.DTYPES),
+    # Which machine has the device is checked at load time (loading/device.py), not here.
+    "device": _checked(_text, is_device_name, f"must be one of {DEVICE_NAMES}"),
+    "dtype": _checked(_text, is_dtype_name, f"must be one of {DTYPE_NAMES}"),
     "device_map": _text,
     "evict": _one_of(defaults.EVICTION_POLICIES),
     "trust_remote_code": _boolean,

@@ -118,8 +118,9 @@ class ChatDisplay:
         elif isinstance(event, PromptTruncated):
             self._print(
                 Text(
-                    f"⚠ your message is {event.prompt_tokens:,} tokens, longer than the window: "
-                    f"the model sees only its last {event.visible_tokens:,} ({event.dropped_tokens:,} dropped)",
+                    f"⚠ your message is {event.prompt_tokens:,} tokens, more than the cache holds: "
+                    f"{event.dropped_tokens:,} from its beginning were dropped, the model sees the other "
+                    f"{event.visible_tokens:,}",
                     style="yellow",
                 )
             )
@@ -152,11 +153,7 @@ class ChatDisplay:
         """While a reply streams: the latest forgotten text, as it goes."""
         evictions = self._evictions
         preview = last_words(" ".join(evictions.tail.split()), max(16, self.console.width - 30))
-        return Text.assemble(
-            ("⟲ ", "yellow"),
-            (f"forgot {evictions.count:,} token{'s' if evictions.count != 1 else ''}", "yellow"),
-            (f"  …{preview}", "dim"),
-        )
+        return Text.assemble(*_forgot(evictions.count), (f"  …{preview}", "dim"))
 
     # ---- text ---------------------------------------------------------------------------------
 
@@ -185,14 +182,12 @@ class ChatDisplay:
         return "\n".join(lines[-max(3, self.console.height - 4) :])
 
     def _finish_text(self) -> None:
-        if not self.show_text:
-            return
-        if self.markdown:
-            if self._reply.strip():
-                self.console.print(Markdown(self._reply))
-        elif self._partial:
+        """Print what the reply has not printed yet (all of it, as Markdown); once per reply."""
+        if self.show_text and self.markdown and self._reply.strip():
+            self.console.print(Markdown(self._reply))
+        elif self.show_text and not self.markdown and self._partial:
             self.console.print(Text(self._partial))
-        self._partial = ""
+        self._partial = self._reply = ""
 
     def _turn_summary(self, stats: TurnStats) -> None:
         self._finish_text()
@@ -200,8 +195,7 @@ class ChatDisplay:
         if evictions.count:
             self._print(
                 Text.assemble(
-                    ("⟲ ", "yellow"),
-                    (f"forgot {evictions.count:,} token{'s' if evictions.count != 1 else ''}", "yellow"),
+                    *_forgot(evictions.count),
                     (f" (#{evictions.first_index:,}–#{evictions.last_index:,})", "dim"),
                     (f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
                 )
@@ -226,9 +220,13 @@ class ChatDisplay:
         table.add_column(style="bold", no_wrap=True)
         table.add_column(overflow="fold")
         for key, value in rows:
-            table.add_row(key, value)
+            table.add_row(Text(key), Text(value))  # Text: model output is not Rich markup
         self.console.print(Text(title, style="bold underline"))
         self.console.print(table)
+
+
+def _forgot(count: int) -> tuple[tuple[str, str], ...]:
+    return ("⟲ ", "yellow"), (f"forgot {count:,} token{'s' if count != 1 else ''}", "yellow")
 
 
 def turn_stats_line(stats: TurnStats) -> str:

@@ -16,7 +16,7 @@ INTERRUPTED_EXIT_CODE = 130
 
 # Rich drops colour when stderr is not a terminal or NO_COLOR is set; soft wrapping keeps
 # each message on one line for logs and scripts.
-stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 @contextmanager

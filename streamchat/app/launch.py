@@ -8,6 +8,7 @@ to stdout. Piped stdin never reaches prompt_toolkit.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 from rich.console import Console
+from rich.text import Text
 
 from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
@@ -29,21 +31,24 @@ if TYPE_CHECKING:
 
     from streamchat.engine.session import ChatSession
 
-GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop")
-
 
 def data_dir() -> Path:
     """Prompt history and saved sessions: $STREAMCHAT_DATA_DIR, else the user data dir."""
     configured = os.environ.get(defaults.DATA_DIR_ENV)
-    return Path(configured).expanduser() if configured else Path(platformdirs.user_data_dir(defaults.APP_NAME))
+    return (
+        Path(configured).expanduser()
+        if configured
+        else Path(platformdirs.user_data_dir(defaults.APP_NAME, appauthor=False))
+    )
 
 
 def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> int:
     """Chat or play a transcript with `config`; `load(options)` loads the model (the CLI's loader)."""
     interactive = config.transcript is None and sys.stdin.isatty() and sys.stdout.isatty()
-    # Opened first, so a missing transcript fails before a model loads for nothing.
-    items = None if interactive else _transcript_items(config)
-    loaded = load(_load_options(config))
+    # Opened and read up to its first item before the model loads, so that a missing, empty or
+    # binary transcript fails at once; the rest is read as the turns run (stdin may be a live pipe).
+    items = None if interactive else _first_read(_transcript_items(config))
+    loaded = load(load_options(config))
     session = _session(config, loaded)
     if loaded.max_context and config.sinks + config.window > loaded.max_context:
         stderr.print(
@@ -61,7 +66,7 @@ def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -
     from streamchat.app.chat import ChatApp
     from streamchat.app.repl import Prompter, toolbar_text
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)
     display = ChatDisplay(console, markdown=config.markdown)
 
     def toolbar() -> StyleAndTextTuples:
@@ -83,9 +88,14 @@ def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptIt
         writer.write_message("system", config.system)
 
     def report(text: str) -> None:
-        stderr.print(f"[yellow]warning:[/] {text}", markup=True, highlight=False)
+        stderr.print(Text.assemble(("warning: ", "yellow"), text), highlight=False)
 
     return run_transcript(session, items, writer, display, report)
+
+
+def _first_read(items: Iterator[TranscriptItem]) -> Iterator[TranscriptItem]:
+    first = next(items, None)
+    return items if first is None else itertools.chain([first], items)
 
 
 def _transcript_items(config: RunConfig) -> Iterator[TranscriptItem]:
@@ -95,7 +105,8 @@ def _transcript_items(config: RunConfig) -> Iterator[TranscriptItem]:
     return read_transcript(sys.stdin.buffer, "<stdin>", **options)
 
 
-def _load_options(config: RunConfig) -> LoadOptions:
+def load_options(config: RunConfig) -> LoadOptions:
+    """What loading the model needs to know, from a run's configuration."""
     return LoadOptions(
         model=config.model,
         device=config.device,
@@ -111,7 +122,8 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
     from streamchat.engine.settings import GenerationSettings
 
     settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
-    overrides = {name: getattr(config, name) for name in GENERATION_OPTIONS if getattr(config, name) is not None}
+    given = {option.name: getattr(config, option.name) for option in dataclasses.fields(GenerationSettings)}
+    overrides = {name: value for name, value in given.items() if value is not None}
     options = SessionOptions(
         sinks=config.sinks,
         window=config.window,

@@ -40,6 +40,8 @@ def run_transcript(
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         for item in items:
+            if interrupted:  # a Ctrl-C between turns, or while waiting for the next line
+                break
             if isinstance(item, SkippedLine):
                 report(str(item.error))
                 skipped += 1
@@ -52,10 +54,10 @@ def run_transcript(
                 writer.start_reply()
                 finished = _render(_written(session.chat(item.text), writer), display)
                 writer.end_reply(_stats(finished))
-            if interrupted:
-                return INTERRUPTED_EXIT_CODE
     finally:
         signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        return INTERRUPTED_EXIT_CODE
     return TranscriptError.exit_code if skipped else 0
 
 

@@ -2,7 +2,7 @@
 
 Keys: Enter sends; Esc then Enter (or Alt+Enter) starts a new line; a message that
 starts with three double quotes runs until a line that ends with them. Ctrl-C clears
-the line, or exits at an empty prompt; Ctrl-D exits.
+the line, drops an unfinished block, or exits at an empty prompt; Ctrl-D exits.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def _key_bindings() -> KeyBindings:
     bindings = KeyBindings()
 
     @bindings.add("c-c")
-    def _clear_or_exit(event: KeyPressEvent) -> None:
+    def _clear_or_interrupt(event: KeyPressEvent) -> None:
         if event.current_buffer.text:
             event.current_buffer.reset()
         else:
-            event.app.exit(exception=EOFError)
+            event.app.exit(exception=KeyboardInterrupt)
 
     @bindings.add("escape", "enter")
     def _new_line(event: KeyPressEvent) -> None:
@@ -76,22 +76,25 @@ class Prompter:
         )
 
     def read(self) -> str | None:
+        """The next message; None when the user leaves (Ctrl-D, or Ctrl-C at an empty prompt)."""
         try:
             first = self._session.prompt(PROMPT)
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
             return None
         if not first.lstrip().startswith(BLOCK_QUOTE):
             return first
         return self._read_block(first.lstrip()[len(BLOCK_QUOTE) :])
 
     def _read_block(self, first: str) -> str | None:
-        """Lines up to the closing quotes; the quotes themselves are not part of the message."""
+        """Lines up to the closing quotes, which are not part of the message; Ctrl-C drops the block."""
         lines = [first]
         while not lines[-1].rstrip().endswith(BLOCK_QUOTE):
             try:
                 lines.append(self._session.prompt(CONTINUATION))
             except EOFError:
                 return None
+            except KeyboardInterrupt:
+                return ""
         lines[-1] = lines[-1].rstrip()[: -len(BLOCK_QUOTE)]
         return "\n".join(lines).strip("\n")
 
@@ -99,7 +102,8 @@ class Prompter:
 def _file_history(path: Path) -> FileHistory | InMemoryHistory:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(exist_ok=True)
+        with path.open("a", encoding="utf-8"):  # writable, and a file (not a folder)
+            pass
     except OSError:
         return InMemoryHistory()  # a read-only home must not stop the chat
     return FileHistory(str(path))

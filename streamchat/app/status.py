@@ -40,10 +40,6 @@ def bar_segments(stats: CacheStats, width: int) -> list[tuple[Segment, int]]:
     return [(name, cells[name]) for name, _ in parts if cells[name] > 0]
 
 
-def bar_text(stats: CacheStats, width: int) -> str:
-    return "".join(BAR_CHARACTERS[name] * cells for name, cells in bar_segments(stats, width))
-
-
 @dataclass(frozen=True)
 class StatusFigures:
     """The figures beside the bar, as text, most important first."""

@@ -5,8 +5,8 @@ _feed): sample the next token from the last logits with the session's Sampler, t
 feed it in one forward pass that keeps only the last position's logits. Only the
 cache differs:
 
-- StreamingDecoder: the sink cache, exactly the engine's call after evicting for one token,
-  `model(input_ids, cache=cache, position_ids=cache.position_ids(1), logits_to_keep=1)`;
+- StreamingDecoder: the sink cache, exactly the engine's call after evicting for one token
+  (`streamchat.cache.feeding.forward`);
 - DenseDecoder: a DynamicCache (transformers' default) holding a fixed number of tokens;
 - RecomputeDecoder: no cache, each token re-reads the last `fill` tokens in one forward pass.
 
@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache.feeding import forward
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.settings import GenerationSettings
 
@@ -73,13 +74,7 @@ class StreamingDecoder(_Sampling):
     def step(self) -> None:
         input_ids = self.next_input()
         self.cache.evict_for_space(1)
-        self.logits = self.model(
-            input_ids=input_ids,
-            cache=self.cache,
-            position_ids=self.cache.position_ids(1, device=self.device),
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits
+        self.logits = forward(self.model, self.cache, input_ids)
 
 
 class DenseDecoder(_Sampling):

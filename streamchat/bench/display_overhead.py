@@ -5,7 +5,7 @@ generate the same tokens from the same cache. Trials alternate between the engin
 alone (events consumed, nothing drawn) and the app's display rendering every event on
 a terminal console (written to /dev/null: drawing costs, the terminal does not), in
 alternating order, so machine noise hits both alike. The figure compares the median
-decode speed of each.
+decode speed of each; the replies are kept, to show that both sides said the same.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from typing import Any
 
 from rich.console import Console
 
+from streamchat import defaults
 from streamchat.app.display import ChatDisplay
+from streamchat.bench.report import Check, Column, Row
+from streamchat.bench.sizes import require_at_least
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
@@ -28,9 +31,28 @@ APP_VS_ENGINE_MIN = 0.95
 
 
 @dataclass(frozen=True)
+class DisplaySizes:
+    trials: int  # replies per side
+    max_new_tokens: int  # tokens per reply
+    window: int
+    sinks: int = defaults.SINKS
+
+    def __post_init__(self) -> None:
+        require_at_least("--trials", self.trials, 1)
+        # Decode speed needs a second token: the first comes from the prefill.
+        require_at_least("--max-new-tokens", self.max_new_tokens, 2)
+        require_at_least("--window", self.window, 1)
+        require_at_least("--sinks", self.sinks, 0)
+
+
+@dataclass(frozen=True)
 class DisplayOverhead:
+    """Per trial, each side's decode speed and reply, in the order the trials ran."""
+
     engine_tokens_per_second: list[float]
     app_tokens_per_second: list[float]
+    engine_replies: list[str]
+    app_replies: list[str]
 
     @property
     def ratio(self) -> float:
@@ -38,23 +60,29 @@ class DisplayOverhead:
         return statistics.median(self.app_tokens_per_second) / statistics.median(self.engine_tokens_per_second)
 
 
-def measure_display_overhead(
-    model: Any, tokenizer: Any, *, trials: int, max_new_tokens: int, sinks: int, window: int
-) -> DisplayOverhead:
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
-    session = ChatSession(model, tokenizer, SessionOptions(sinks=sinks, window=window, settings=settings))
+def measure_display_overhead(model: Any, tokenizer: Any, sizes: DisplaySizes) -> DisplayOverhead:
+    """Answer the prompt `sizes.trials` times per side, greedily, from a fresh session each time."""
+    settings = GenerationSettings(max_new_tokens=sizes.max_new_tokens, temperature=0.0)
+    session = ChatSession(model, tokenizer, SessionOptions(sinks=sizes.sinks, window=sizes.window, settings=settings))
     with open(os.devnull, "w", encoding="utf-8") as sink:
         display = ChatDisplay(Console(file=sink, force_terminal=True, width=100, height=40))
-        engine, app = [], []
-        for trial in range(trials):
+        engine: list[TurnFinished] = []
+        app: list[TurnFinished] = []
+        for trial in range(sizes.trials):
             # Who goes first alternates, so warm-up and drift favour neither side.
             sides = [(engine, None), (app, display.show)]
-            for speeds, show in sides if trial % 2 == 0 else reversed(sides):
-                speeds.append(_decode_speed(session, show))
-    return DisplayOverhead(engine, app)
+            for finished, show in sides if trial % 2 == 0 else reversed(sides):
+                finished.append(_reply(session, show))
+    return DisplayOverhead(
+        [turn.stats.decode_tokens_per_second for turn in engine],
+        [turn.stats.decode_tokens_per_second for turn in app],
+        [turn.reply for turn in engine],
+        [turn.reply for turn in app],
+    )
 
 
-def _decode_speed(session: ChatSession, show: Any) -> float:
+def _reply(session: ChatSession, show: Any) -> TurnFinished:
+    """Answer the prompt from a fresh session, through `show` (the display) or with no display (None)."""
     session.reset()
     finished: list[TurnFinished] = []
 
@@ -69,4 +97,24 @@ def _decode_speed(session: ChatSession, show: Any) -> float:
             pass
     else:
         show(events())
-    return finished[0].stats.decode_tokens_per_second
+    return finished[0]
+
+
+# ---- what the trials show ------------------------------------------------------------------
+
+
+def columns() -> list[Column]:
+    return [
+        Column("trial", "trial"),
+        Column("engine", "engine tok/s", "{:.2f}"),
+        Column("app", "app tok/s", "{:.2f}"),
+    ]
+
+
+def rows(result: DisplayOverhead) -> list[Row]:
+    speeds = zip(result.engine_tokens_per_second, result.app_tokens_per_second, strict=True)
+    return [{"trial": index + 1, "engine": engine, "app": app} for index, (engine, app) in enumerate(speeds)]
+
+
+def checks(result: DisplayOverhead) -> list[Check]:
+    return [Check("app / engine decode speed (medians)", result.ratio, APP_VS_ENGINE_MIN, at_most=False)]

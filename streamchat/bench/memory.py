@@ -1,17 +1,22 @@
 """Peak memory of a stretch of work: CUDA's allocator peak on a GPU, the process's peak RSS on a CPU.
 
 A probe is reset before the work and read after it, so each decode step is measured
-on its own even when policies take turns in one process.
+on its own even when policies take turns in one process. Running out of memory, on
+any device, becomes a one-line domain error.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from streamchat.errors import OutOfMemoryError, is_out_of_memory
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -77,3 +82,19 @@ def memory_probe(device: torch.device) -> MemoryProbe:
     except OSError:
         return LifetimePeakRss()
     return LinuxPeakRss()
+
+
+@contextmanager
+def out_of_memory_errors(smaller: str) -> Iterator[None]:
+    """Turn an allocation failure inside the block (CUDA, MPS or CPU) into an OutOfMemoryError.
+
+    `smaller`: the command's options that shrink the run, e.g. "--tokens or --window".
+    """
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise OutOfMemoryError(
+            f"the benchmark ran out of memory: try a smaller {smaller}, --dtype bfloat16 or float16, or a smaller model"
+        ) from error

@@ -109,23 +109,19 @@ def random_model(spec: str, device: str, dtype: str) -> BenchModel:
     """Random weights in the shape `spec` describes, created directly on the device."""
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     from streamchat.cache.architectures import ensure_supported
     from streamchat.loading.device import detect_accelerators, plan_placement
+    from streamchat.loading.loader import attention_implementation
 
     placement = plan_placement(device, dtype, None, detect_accelerators())
     config = random_config(spec)
     ensure_supported(config)
-    # As load_model does: sdpa where the model supports it, eager otherwise (Gemma 2).
-    attention = (
-        "sdpa" if getattr(MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None), "_supports_sdpa", True) else "eager"
-    )
     torch.manual_seed(RANDOM_INIT_SEED)
     # Built on the device itself: initialising 7B parameters on a CPU first would take minutes.
     with torch.device(placement.device):
         model = AutoModelForCausalLM.from_config(
-            config, dtype=getattr(torch, placement.dtype), attn_implementation=attention
+            config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
         )
     model.eval()
     return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype)

@@ -12,21 +12,25 @@ any chunk size and reads larger ones.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from streamchat import defaults
 from streamchat.bench.perplexity import OnScored, dense_nll, recompute_nll, streaming_nll
 from streamchat.bench.report import Check, Column, Row
+from streamchat.bench.sizes import require_at_least
 from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
+    from rich.console import Console
 
 # Dense sees every earlier token at any chunk size; big chunks copy its growing cache less often.
 DENSE_CHUNK = 1024
@@ -34,11 +38,6 @@ DENSE_CHUNK = 1024
 STREAMING_VS_RECOMPUTE_MAX = 1.05
 FLATNESS_MAX = 1.10
 WINDOW_VS_STREAMING_MIN = 1.5
-
-
-def _require(option: str, value: int, least: int) -> None:
-    if value < least:
-        raise ConfigError(f"{option} {value}: must be at least {least}")
 
 
 @dataclass(frozen=True)
@@ -57,10 +56,10 @@ class PplSizes:
     bucket: int
 
     def __post_init__(self) -> None:
-        _require("--tokens", self.tokens, 2)
-        _require("--sinks", self.sinks, 0)
-        _require("--window", self.window, 1)
-        _require("--chunk", self.chunk, 1)
+        require_at_least("--tokens", self.tokens, 2)
+        require_at_least("--sinks", self.sinks, 0)
+        require_at_least("--window", self.window, 1)
+        require_at_least("--chunk", self.chunk, 1)
         if self.chunk > self.window:
             raise ConfigError(f"--chunk {self.chunk}: a chunk must fit the window; use at most --window {self.window}")
 
@@ -79,12 +78,6 @@ FULL = PplSizes(
     bucket=256,
 )
 QUICK = PplSizes(tokens=384, sinks=4, window=60, chunk=16, reference_span=(128, 256), tail=128, bucket=32)
-
-
-def sizes_for(quick: bool, **overrides: int | None) -> PplSizes:
-    """The full or quick sizes, with the options the user gave."""
-    given = {name: value for name, value in overrides.items() if value is not None}
-    return dataclasses.replace(QUICK if quick else FULL, **given)
 
 
 def parse_policies(text: str | None) -> tuple[str, ...]:
@@ -148,6 +141,27 @@ def run_policy(model: Any, ids: torch.Tensor, policy: str, sizes: PplSizes, on_s
     else:
         nll = streaming_nll(model, ids, sizes.sinks, sizes.window, sizes.chunk, on_scored)
     return PolicyRun(policy, nll, time.perf_counter() - started)
+
+
+def run_policies(
+    model: Any, ids: torch.Tensor, policies: tuple[str, ...], sizes: PplSizes, console: Console
+) -> list[PolicyRun]:
+    """Score the text under each policy, with a progress bar on `console`; report each as it finishes."""
+    runs = []
+    columns = (TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        for policy in policies:
+            task = progress.add_task(policy, total=ids.shape[-1] - 1)
+            run = run_policy(model, ids, policy, sizes, lambda count, task=task: progress.advance(task, count))
+            progress.remove_task(task)
+            progress.console.print(f"{policy:>9}: PPL {run.ppl():.2f} in {run.seconds:.1f} s")
+            runs.append(run)
+    return runs
+
+
+def training_context_of(model: Any) -> int | None:
+    """The context length the model was trained for, where its config says it."""
+    return getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
 
 # ---- what the runs show ---------------------------------------------------------------------
@@ -235,7 +249,7 @@ def checks(rows: list[Row]) -> list[Check]:
     return found
 
 
-def draw_curves(runs: list[PolicyRun], sizes: PplSizes, training_context: int | None):
+def draw_curves(runs: list[PolicyRun], sizes: PplSizes, training_context: int | None) -> Callable[[Figure], None]:
     """Figure 3 of the paper: perplexity along the text, per bucket and running, one line per policy."""
 
     def draw(figure: Figure) -> None:

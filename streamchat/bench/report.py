@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 Row = dict[str, Any]
+# A CSV file's header and rows.
+CsvTable = tuple[Sequence[str], Sequence[Row]]
 MISSING = "–"
 
 
@@ -107,6 +109,29 @@ def save_plot(path: Path, draw: Callable[[Figure], None], size: tuple[float, flo
     with _writing(path):
         figure.savefig(path, format="png", dpi=120)
     return path
+
+
+def save_results(
+    out: Path,
+    tables: dict[str, CsvTable],
+    plots: dict[str, Callable[[Figure], None]],
+    *,
+    console: Console,
+    notes: Console,
+) -> list[Path]:
+    """Write each table as a CSV file and each plot as a PNG, named by their keys, into `out`.
+
+    The files written are listed on `console`; a missing matplotlib is noted on `notes`.
+    """
+    written = [write_csv(out / name, columns, rows) for name, (columns, rows) in tables.items()]
+    for name, draw in plots.items():
+        plot = save_plot(out / name, draw)
+        if plot is None:
+            notes.print(MATPLOTLIB_MISSING, markup=False)
+            break
+        written.append(plot)
+    console.print("wrote " + ", ".join(str(path) for path in written), markup=False)
+    return written
 
 
 def _csv_value(value: Any) -> Any:

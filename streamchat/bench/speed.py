@@ -14,7 +14,6 @@ peak of each policy's steps.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -73,12 +72,6 @@ FULL = SpeedSizes(defaults.SINKS, defaults.WINDOW, defaults.SPEED_CHECKPOINTS, d
 QUICK = SpeedSizes(sinks=4, window=60, checkpoints=(64, 128, 256), steps=3)
 
 
-def sizes_for(quick: bool, **overrides: Any) -> SpeedSizes:
-    """The full or quick sizes, with the options the user gave."""
-    given = {name: value for name, value in overrides.items() if value is not None}
-    return dataclasses.replace(QUICK if quick else FULL, **given)
-
-
 def parse_checkpoints(text: str | None) -> tuple[int, ...] | None:
     """ "1000,2000,4000" -> (1000, 2000, 4000); None stays None (the default)."""
     if text is None:
@@ -102,10 +95,15 @@ class Measurement:
 def run_speed(
     model: Any,
     sizes: SpeedSizes,
-    settings: GenerationSettings,
+    settings: GenerationSettings | None = None,
     on_measurement: Callable[[Measurement], None] | None = None,
 ) -> tuple[list[Measurement], str]:
-    """Measure every checkpoint; return the measurements and what the memory numbers are."""
+    """Measure every checkpoint; return the measurements and what the memory numbers are.
+
+    `settings`: how each step samples; None: as the chat would, from the model's generation config.
+    """
+    if settings is None:
+        settings = GenerationSettings.from_generation_config(getattr(model, "generation_config", None))
     device = model.get_input_embeddings().weight.device
     probe = memory_probe(device)
     streaming = StreamingDecoder(model, sizes.sinks, sizes.window, settings, STREAM_SEED)
@@ -172,6 +170,16 @@ def _synchronize(device: torch.device) -> None:
 # ---- what the measurements show ------------------------------------------------------------
 
 
+def describe(measurement: Measurement) -> str:
+    """One progress line: each policy's latency at this checkpoint."""
+    latency = ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in measurement.latency.items())
+    return f"{measurement.streamed:>8,} tokens streamed: {latency}"
+
+
+def caption(memory_kind: str) -> str:
+    return f"ms: median decode latency per token; MiB: {memory_kind} during each policy's steps"
+
+
 def columns() -> list[Column]:
     return [
         Column("streamed", "streamed", "{:,}"),
@@ -224,7 +232,7 @@ def checks(measurements: list[Measurement], sizes: SpeedSizes) -> list[Check]:
     return found
 
 
-def draw_speed(measurements: list[Measurement], sizes: SpeedSizes, memory_kind: str):
+def draw_speed(measurements: list[Measurement], sizes: SpeedSizes, memory_kind: str) -> Callable[[Figure], None]:
     """Latency and memory against tokens streamed, one line per policy."""
 
     def draw(figure: Figure) -> None:

@@ -31,23 +31,27 @@ def prefill_chunks(
     chunk_size: int = PREFILL_CHUNK,
     all_logits: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Feed input_ids [1, n]; yield (chunk ids [1, c], logits) per chunk.
-
-    Logits are [1, c, vocab] with `all_logits`, else only the last position's [1, 1, vocab].
-    """
+    """Feed input_ids [1, n]; yield (chunk ids [1, c], logits) per chunk, as forward() returns them."""
     start = 0
     for size in chunk_sizes(input_ids.shape[-1], cache, chunk_size):
         chunk = input_ids[:, start : start + size]
         cache.evict_for_space(size)
-        output = model(
-            input_ids=chunk,
-            cache=cache,
-            position_ids=cache.position_ids(size, device=chunk.device),
-            use_cache=True,
-            logits_to_keep=0 if all_logits else 1,
-        )
-        yield chunk, output.logits
+        yield chunk, forward(model, cache, chunk, all_logits)
         start += size
+
+
+def forward(model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
+    """One forward pass of input_ids [1, n] through the cache, which must have room for them.
+
+    Returns logits [1, n, vocab] with `all_logits`, else only the last position's [1, 1, vocab].
+    """
+    return model(
+        input_ids=input_ids,
+        cache=cache,
+        position_ids=cache.position_ids(input_ids.shape[-1], device=input_ids.device),
+        use_cache=True,
+        logits_to_keep=0 if all_logits else 1,
+    ).logits
 
 
 def prefill(model: Any, cache: SinkCache, input_ids: torch.Tensor, chunk_size: int = PREFILL_CHUNK) -> torch.Tensor:

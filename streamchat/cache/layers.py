@@ -7,7 +7,7 @@ steps, so all layers stay in lockstep.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -19,8 +19,6 @@ from streamchat.cache.rope import RotaryTable
 class _RingLayer(CacheLayerMixin):
     """Storage shared by both layer kinds: keys and values [batch, kv_heads, slots, head_dim]."""
 
-    is_compileable = False
-    is_croppable = False
     # What snapshot() saves and restore() puts back.
     _state = ("keys", "values", "is_initialized", "steps")
 
@@ -37,7 +35,7 @@ class _RingLayer(CacheLayerMixin):
         self.device = key_states.device
         self.is_initialized = True
 
-    def update(self, *args, **kwargs):
+    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("sink cache layers are written through SinkCache.update")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -157,9 +155,6 @@ class SlidingLayer(_RingLayer):
 
     is_sliding = True
 
-    def __init__(self, sliding_window: int, rotary: RotaryTable) -> None:
-        super().__init__(sliding_window, rotary)
-
     def apply(
         self, step: SlidingStep, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +168,7 @@ class SlidingLayer(_RingLayer):
         if step.roll:
             self._roll(0, self.slots, step.roll)
         start, stop = step.kept_slots
+        # [batch, heads, kept + incoming, dim]: the kept tokens, oldest first, then the new ones.
         keys = torch.cat((self.keys[:, :, start:stop], key_states), dim=2)
         values = torch.cat((self.values[:, :, start:stop], value_states), dim=2)
         tail = slice(step.incoming - step.stored, step.incoming)

@@ -8,11 +8,10 @@ the caller rounds once to the storage dtype.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-RotaryLayout = Literal["rotate_half", "interleaved"]
+from streamchat.cache.architectures import RotaryLayout
+from streamchat.errors import CacheConfigError
 
 # Shifts up to this many get a precomputed cos/sin row; rarer, larger ones are computed on demand.
 MAX_TABLE_ROWS = 1 << 16
@@ -23,7 +22,7 @@ class RotaryTable:
 
     def __init__(self, inv_freq: torch.Tensor, layout: RotaryLayout, max_shift: int) -> None:
         if layout not in ("rotate_half", "interleaved"):
-            raise ValueError(f"unknown rotary layout {layout!r}")
+            raise CacheConfigError(f"unknown rotary layout {layout!r}; expected rotate_half or interleaved")
         self.layout: RotaryLayout = layout
         self.inv_freq = inv_freq.detach().to("cpu", torch.float64)
         self.rotary_dim = 2 * self.inv_freq.numel()

@@ -134,8 +134,9 @@ class SinkCache(Cache):
         step = sliding_step if isinstance(layer, SlidingLayer) else sink_step
         if step.incoming != key_states.shape[-2]:
             raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}")
-        layer.steps = self.steps
-        return layer.apply(step, key_states, value_states)
+        stored = layer.apply(step, key_states, value_states)
+        layer.steps = self.steps  # only once written: a layer that fails half way counts as missed
+        return stored
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The position of the next token; positions are moved back here, between passes, when due."""

@@ -30,7 +30,7 @@ class Evicted:
 
 @dataclass(frozen=True)
 class PromptTruncated:
-    """A prompt longer than the window streamed through it: the model sees only its end."""
+    """A prompt overflowed the cache as it streamed in: its own first tokens were evicted."""
 
     prompt_tokens: int
     visible_tokens: int
@@ -81,7 +81,7 @@ class Replayed:
     """A transcript was fed through the cache (after /load or a new system prompt)."""
 
     messages: int
-    tokens: int
+    tokens: int  # fed: the sinks and the end of the conversation, not the middle it would evict
 
 
 Event = TextDelta | Evicted | PromptTruncated | CacheOccupancy | TurnFinished | Replayed

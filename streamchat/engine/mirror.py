@@ -51,6 +51,12 @@ class CacheMirror:
             self._last_forgotten_message = evicted[-1][1]
         return [token_id for token_id, _ in evicted]
 
+    def skip(self, count: int, message: int) -> None:
+        """Count `count` tokens of `message` as forgotten without their ever entering the window."""
+        if count:
+            self.forgotten += count
+            self._last_forgotten_message = message
+
     def copy(self) -> CacheMirror:
         clone = CacheMirror(self.sink_capacity)
         clone.sinks, clone.window = list(self.sinks), deque(self.window)

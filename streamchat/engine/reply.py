@@ -13,7 +13,7 @@ from streamchat.engine.settings import GenerationSettings
 class Reply:
     """One reply as it grows: its tokens, its text (cut at a stop string), its timing."""
 
-    def __init__(self, tokenizer: Any, settings: GenerationSettings, started: float) -> None:
+    def __init__(self, tokenizer: Any, settings: GenerationSettings, started: float, prefilled: float) -> None:
         self.settings = settings
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.ids: list[int] = []
@@ -21,7 +21,8 @@ class Reply:
         self._held = ""  # text that may be the start of a stop string
         self.pending: list[int] = []  # the last sampled token, until it is fed
         self.reason: StopReason = "max_new_tokens"
-        self.started = started
+        self.started = started  # when the turn began
+        self.prefilled = prefilled  # when its prompt was in the cache
         self.first_token_at: float | None = None
 
     def add(self, token: int) -> str:
@@ -50,7 +51,7 @@ class Reply:
         return TurnStats(
             prompt_tokens=prompt_tokens,
             generated_tokens=len(self.ids),
-            prefill_seconds=first - self.started,
+            prefill_seconds=self.prefilled - self.started,
             decode_seconds=now - first,
             time_to_first_token=first - self.started,
             stop_reason=self.reason,

@@ -21,7 +21,7 @@ import torch
 
 from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
-from streamchat.cache.feeding import chunk_sizes
+from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.engine.events import (
     CacheOccupancy,
     Event,
@@ -36,10 +36,12 @@ from streamchat.engine.reply import Reply
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.session_file import SavedSession, read_session, save_session
 from streamchat.engine.settings import GenerationSettings
-from streamchat.engine.template import ChatFormat, stop_token_ids
+from streamchat.engine.template import ChatFormat, Message, stop_token_ids
 from streamchat.errors import ConfigError, OutOfMemoryError, is_out_of_memory
 
-Message = dict[str, str]
+# A replay feeds the last this-many windows of the conversation: the tokens that stay in the
+# window are then computed with a full window before them, as when they streamed.
+REPLAYED_WINDOWS = 2
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class SessionOptions:
 
     def __post_init__(self) -> None:
         _eviction_policy(self.eviction)
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
 
 
 class ChatSession:
@@ -69,17 +73,18 @@ class ChatSession:
         self.sampler = Sampler(self.settings.seed)
         self.cache = SinkCache.for_model(model, options.sinks, options.window)
         self.device = model.get_input_embeddings().weight.device
-        self._set_format(options.system_prompt)
+        self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
         self.transcript: list[Message] = []
         self.mirror = CacheMirror(options.sinks)
         self._stop_requested = False
         self._snapshot: _Snapshot | None = None
+        self._conversation = 0  # counts resets: a reply abandoned before one must not close after it
 
     # ---- reading the session --------------------------------------------------------------
 
     @property
     def system_prompt(self) -> str | None:
-        return self._system_prompt
+        return self.chat_format.system_prompt
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
@@ -99,11 +104,15 @@ class ChatSession:
         started = time.perf_counter()
         prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
         yield from self._make_room(len(prompt))
+        before = self.cache_stats()
         logits = yield from self._feed(prompt, message=len(self.transcript) - 1)
-        if len(prompt) > self.cache.window:
-            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=self.cache.window)
+        prefilled = time.perf_counter()
+        # Evictions take the oldest window tokens first: past those, they took the prompt's own.
+        dropped = self.cache_stats().evicted - before.evicted - before.window_used
+        if dropped > 0:
+            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=len(prompt) - dropped)
         self._snapshot = _Snapshot.take(self, logits)
-        yield from self._reply(logits, len(prompt), started)
+        yield from self._reply(logits, len(prompt), started, prefilled)
 
     def regenerate(self) -> Iterator[Event]:
         """Take back the last reply and generate another one for the same message."""
@@ -114,7 +123,7 @@ class ChatSession:
         started = time.perf_counter()
         logits = self._snapshot.restore(self)
         yield CacheOccupancy(self.cache_stats(), 0.0)
-        yield from self._reply(logits, 0, started)
+        yield from self._reply(logits, 0, started, started)
 
     def recover(self) -> Iterator[Event]:
         """After a turn was torn off mid-step (a second Ctrl-C), make the session whole again.
@@ -138,6 +147,7 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget the conversation: an empty cache and an empty transcript."""
+        self._conversation += 1
         self.cache.reset()
         self.mirror = CacheMirror(self.cache.sinks)
         self.transcript = []
@@ -145,13 +155,9 @@ class ChatSession:
 
     def set_system_prompt(self, text: str | None) -> Iterator[Event]:
         """Use a new system prompt: the conversation so far is replayed behind it."""
-        previous = self._system_prompt
-        self._set_format(text or None)
-        try:
-            feeds = self._replay_feeds(self.transcript)
-        except Exception:
-            self._set_format(previous)
-            raise
+        chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
+        feeds = _replay_feeds(chat_format, self.transcript)
+        self._use_format(chat_format)
         return self._replay(list(self.transcript), feeds)
 
     def set_option(self, key: str, value: str) -> None:
@@ -169,11 +175,13 @@ class ChatSession:
 
     def replay(self, messages: list[Message]) -> Iterator[Event]:
         """Start over and feed a conversation through the cache, as if it had been typed and answered."""
-        return self._replay(messages, self._replay_feeds(messages))
+        return self._replay(messages, _replay_feeds(self.chat_format, messages))
 
     def save(self, path: Path, model_name: str | None = None) -> None:
+        """Write the conversation, less a last message still waiting for its reply."""
         settings = dict(self.settings.as_pairs())
-        saved = SavedSession(list(self.transcript), self._system_prompt, settings, self.eviction, model_name)
+        answered = self.transcript[: len(self.transcript) // 2 * 2]
+        saved = SavedSession(answered, self.system_prompt, settings, self.eviction, model_name)
         save_session(path, saved)
 
     def load(self, path: Path) -> Iterator[Event]:
@@ -183,34 +191,30 @@ class ChatSession:
         for key, value in saved.settings.items():
             settings = settings.with_value(key, value)
         eviction = _eviction_policy(saved.eviction)
-        previous = self._system_prompt
-        self._set_format(saved.system_prompt)
-        try:
-            feeds = self._replay_feeds(saved.messages)
-        except Exception:
-            self._set_format(previous)
-            raise
+        chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
+        feeds = _replay_feeds(chat_format, saved.messages)
+        self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
         return self._replay(saved.messages, feeds)
 
-    def _replay_feeds(self, messages: list[Message]) -> list[list[int]]:
-        """The tokens each message puts in the cache, computed before anything is reset."""
-        feeds = []
-        for index, message in enumerate(messages):
-            if message["role"] == "user":
-                feeds.append(self.chat_format.prompt_ids(message["content"], first_turn=index == 0))
-            else:
-                feeds.append(self._encode(message["content"]) + list(self.chat_format.end_of_turn_ids))
-        return feeds
-
     def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
+        """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
         self.reset()
-        for message, ids in zip(messages, feeds, strict=True):
+        total = sum(len(ids) for ids in feeds)
+        skip_from, skip_to = self.cache.sinks, total - REPLAYED_WINDOWS * self.cache.window
+        start = 0
+        for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
             self.transcript.append({"role": message["role"], "content": message["content"]})
-            if ids:
-                yield from self._feed(ids, message=len(self.transcript) - 1)
+            head = ids[: max(0, skip_from - start)] if skip_to > skip_from else ids
+            tail = ids[len(head) :][max(0, skip_to - start - len(head)) :]
+            if head:
+                yield from self._feed(head, message=index)
+            self.mirror.skip(len(ids) - len(head) - len(tail), message=index)
+            if tail:
+                yield from self._feed(tail, message=index)
+            start += len(ids)
         yield CacheOccupancy(self.cache_stats(), 0.0)
-        yield Replayed(messages=len(messages), tokens=sum(len(ids) for ids in feeds))
+        yield Replayed(messages=len(messages), tokens=self.cache_stats().seen)
 
     # ---- the phases of a turn ---------------------------------------------------------------
 
@@ -218,20 +222,22 @@ class ChatSession:
         """The paper's per-turn policy: reserve space for the prompt and the whole reply at once."""
         if self.eviction == "turn":
             reply_tokens = self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
-            reserve = min(prompt_tokens + reply_tokens, self.cache.window)
-            yield from self._evict(self.cache.ledger.overflow(reserve) if reserve else 0)
+            yield from self._evict_for(min(prompt_tokens + reply_tokens, self.cache.window))
 
-    def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float) -> Iterator[Event]:
+    def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float) -> Iterator[Event]:
         """Decode until a stop, then close the turn in the cache and the transcript."""
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
-        reply = Reply(self.tokenizer, self.settings, started)
+        reply = Reply(self.tokenizer, self.settings, started, prefilled)
+        conversation = self._conversation
         try:
             yield from self._decode(logits, reply, message)
         except GeneratorExit:
-            # The caller abandoned the reply: close it all the same, silently, so the next turn works.
-            reply.reason = "interrupted"
-            _drain(self._close(reply, message))
+            # The caller abandoned the reply: close it all the same, silently, so the next turn
+            # works; unless the conversation was replaced meanwhile (reset, replay, recover).
+            if conversation == self._conversation:
+                reply.reason = "interrupted"
+                _drain(self._close(reply, message))
             raise
         yield from self._close(reply, message)
         stats = reply.stats(prompt_tokens)
@@ -251,7 +257,9 @@ class ChatSession:
                 yield TextDelta(delta)
             if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
                 return
-            logits = yield from self._feed(reply.take_pending(), message)
+            # Pending until fed: if the caller leaves at an eviction event, _close still feeds it.
+            logits = yield from self._feed(reply.pending, message)
+            reply.pending = []
             yield CacheOccupancy(self.cache_stats(), reply.decode_speed())
         reply.reason = "interrupted"
 
@@ -272,16 +280,9 @@ class ChatSession:
         with torch.inference_mode():
             for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
                 chunk = token_ids[start : start + size]
-                yield from self._evict(self.cache.ledger.overflow(size))
-                ids = torch.tensor([chunk], device=self.device)
+                yield from self._evict_for(size)
                 try:
-                    logits = self.model(
-                        input_ids=ids,
-                        cache=self.cache,
-                        position_ids=self.cache.position_ids(size, device=self.device),
-                        use_cache=True,
-                        logits_to_keep=1,
-                    ).logits
+                    logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
                 except (MemoryError, RuntimeError) as error:
                     if not is_out_of_memory(error):
                         raise
@@ -293,19 +294,19 @@ class ChatSession:
                 start += size
         return logits
 
-    def _evict(self, count: int) -> Iterator[Event]:
-        eviction = self.cache.evict(count) if count else None
+    def _evict_for(self, incoming: int) -> Iterator[Event]:
+        """Make room for `incoming` tokens; report what that evicted."""
+        eviction = self.cache.evict_for_space(incoming)
         if eviction is not None:
             text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
             yield Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _set_format(self, system_prompt: str | None) -> None:
-        self._system_prompt = system_prompt
-        self.chat_format = ChatFormat(self.tokenizer, system_prompt=system_prompt)
+    def _use_format(self, chat_format: ChatFormat) -> None:
+        self.chat_format = chat_format
         generation_config = getattr(self.model, "generation_config", None)
-        self.stop_ids = stop_token_ids(self.tokenizer, generation_config, self.chat_format)
+        self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
 
     def _token_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The last position's logits [vocab], without the padding rows some models add past the tokenizer."""
@@ -320,14 +321,22 @@ class ChatSession:
             return None
         return torch.tensor(self.mirror.token_ids(), device=self.device)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
 
 def _eviction_policy(value: str) -> str:
     if value not in defaults.EVICTION_POLICIES:
         raise ConfigError(f"eviction must be one of {', '.join(defaults.EVICTION_POLICIES)}, got {value!r}")
     return value
+
+
+def _replay_feeds(chat_format: ChatFormat, messages: list[Message]) -> list[list[int]]:
+    """The tokens each message puts in the cache, computed before anything is reset."""
+    feeds = []
+    for index, message in enumerate(messages):
+        if message["role"] == "user":
+            feeds.append(chat_format.prompt_ids(message["content"], first_turn=index == 0))
+        else:
+            feeds.append(chat_format.reply_ids(message["content"]))
+    return feeds
 
 
 def _drain(events: Iterator[Event]) -> None:

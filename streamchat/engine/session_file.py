@@ -86,7 +86,15 @@ def _messages(path: Path, value: Any) -> list[dict[str, str]]:
             or not isinstance(message.get("content"), str)
         ):
             raise SessionFileError(f"{path}: message {number} needs a role (user or assistant) and text content")
+        expected = "user" if number % 2 else "assistant"
+        if message["role"] != expected:
+            raise SessionFileError(
+                f"{path}: message {number} is from the {message['role']}, expected the {expected} "
+                "(a saved conversation alternates user and assistant, starting with the user)"
+            )
         messages.append({"role": message["role"], "content": message["content"]})
+    if len(messages) % 2:
+        raise SessionFileError(f"{path}: the last message, {len(messages)}, has no reply")
     return messages
 
 

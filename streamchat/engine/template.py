@@ -127,6 +127,14 @@ class ChatFormat:
         self.end_of_turn_ids: tuple[int, ...] = first_reply.end_of_turn_ids
         self._check_turns_repeat()
 
+    @property
+    def system_prompt(self) -> str | None:
+        return self._system_prompt
+
+    def reply_ids(self, reply_text: str) -> list[int]:
+        """The tokens a finished reply puts in the cache: its text, then the end of turn."""
+        return self._encode(reply_text) + list(self.end_of_turn_ids)
+
     def prompt_ids(self, user_text: str, *, first_turn: bool) -> list[int]:
         """The tokens that bring the conversation from the last reply to the model's next reply."""
         if first_turn:

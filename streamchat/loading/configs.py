@@ -10,13 +10,11 @@ from streamchat.loading.failures import model_errors
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
-    from streamchat.cache.architectures import RotaryLayout
-
 
 def read_supported_config(
     location: Path, name: str, *, trust_remote_code: bool = False, gguf_file: str | None = None
-) -> tuple[PreTrainedConfig, RotaryLayout]:
-    """The config in `location` (a model directory, or the folder of `gguf_file`) and its rotary layout.
+) -> PreTrainedConfig:
+    """The config in `location` (a model directory, or the folder of `gguf_file`).
 
     Raises UnsupportedModelError for architectures the sink cache cannot serve, before any
     weights are read, converted or downloaded.
@@ -28,4 +26,5 @@ def read_supported_config(
 
     with model_errors(name):
         config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-    return config, ensure_supported(config)
+    ensure_supported(config)
+    return config

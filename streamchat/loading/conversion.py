@@ -33,9 +33,10 @@ from pathlib import Path
 import platformdirs
 
 from streamchat import defaults
-from streamchat.errors import StreamchatError
+from streamchat.errors import ConfigError, StreamchatError
 from streamchat.loading.configs import read_supported_config
 from streamchat.loading.failures import model_errors
+from streamchat.loading.integrity import ensure_complete_gguf
 
 Notify = Callable[[str], None]
 
@@ -64,15 +65,15 @@ def convert_gguf(gguf: Path, name: str, notify: Notify) -> Path:
     entry = conversion_dir(gguf)
     if entry.is_dir():
         return entry
-    # Refuse unsupported architectures before spending the conversion time on them.
+    # Refuse damaged files and unsupported architectures before spending the conversion time on them.
+    ensure_complete_gguf(gguf)
     read_supported_config(gguf.parent, name, gguf_file=gguf.name)
-    notify(
-        f"Converting {gguf.name} to a transformers model. This happens once and takes about "
-        f"30-45 s for a small model; later starts load the copy in {entry.parent}."
-    )
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=_PARTIAL_PREFIX, dir=entry.parent))
+    partial = _make_partial(entry)
     try:
+        notify(
+            f"Converting {gguf.name} to a transformers model. This happens once and takes about "
+            f"30-45 s for a small model; later starts load the copy in {entry.parent}."
+        )
         _write_conversion(gguf, name, partial)
         _publish(partial, entry)
     finally:
@@ -81,6 +82,18 @@ def convert_gguf(gguf: Path, name: str, notify: Notify) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
     _sweep_siblings(entry)
     return entry
+
+
+def _make_partial(entry: Path) -> Path:
+    """A new temporary directory beside `entry`, to write the conversion into."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=_PARTIAL_PREFIX, dir=entry.parent))
+    except OSError as error:
+        raise ConfigError(
+            f"cannot create {entry.parent} in streamchat's cache: {error.strerror or error}; "
+            f"set {defaults.CACHE_DIR_ENV} to a writable directory"
+        ) from error
 
 
 def _write_conversion(gguf: Path, name: str, destination: Path) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from streamchat.errors import ModelNotFoundError, OutOfMemoryError, UnsupportedModelError, is_out_of_memory
+from streamchat.errors import (
+    ModelAccessError,
+    ModelNotFoundError,
+    OutOfMemoryError,
+    UnsupportedModelError,
+    is_out_of_memory,
+)
 
 
 @contextmanager
@@ -24,6 +31,13 @@ def model_errors(name: str) -> Iterator[None]:
     except OSError as error:
         # transformers reports missing or unreadable model files as OSError.
         raise ModelNotFoundError(f"{name} is not a usable model: {_first_line(error)}") from error
+    except pickle.UnpicklingError as error:
+        # torch.load with weights_only, on a garbled .bin or one holding more than tensors.
+        raise ModelAccessError(
+            f"{name}: its pickled weights (pytorch_model*.bin) cannot be read: they are corrupt, or hold "
+            "objects other than tensors, which streamchat does not unpickle; download the model again, "
+            "or use a copy with safetensors weights"
+        ) from error
 
 
 def _out_of_memory(name: str) -> OutOfMemoryError:

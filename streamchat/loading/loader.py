@@ -15,14 +15,13 @@ from streamchat.loading.conversion import Notify, convert_gguf
 from streamchat.loading.device import Placement, detect_accelerators, plan_placement
 from streamchat.loading.failures import model_errors
 from streamchat.loading.hub import download_model
+from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
-
-    from streamchat.cache.architectures import RotaryLayout
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ class LoadedModel:
     # The local directory the weights came from: the model itself, a hub snapshot or a GGUF conversion.
     directory: Path
     model_type: str
-    rotary_layout: RotaryLayout
     # Where input ids go: the device of the input embeddings (the first GPU under --device-map auto).
     device: torch.device
     dtype: torch.dtype
@@ -78,8 +76,9 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     # Settled first: an unavailable device should fail before a download or a conversion.
     placement = plan_placement(options.device, options.dtype, options.device_map, detect_accelerators())
     directory = _local_directory(source, options, notify)
-    config, rotary_layout = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
+    config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
     ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
+    ensure_intact_weights(directory, remedy=_damaged_weights_remedy(source, directory))
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(
@@ -88,13 +87,19 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         source=source,
         directory=directory,
         model_type=text_config.model_type,
-        rotary_layout=rotary_layout,
         device=model.get_input_embeddings().weight.device,
         dtype=model.dtype,
         max_context=getattr(text_config, "max_position_embeddings", None),
         parameters=model.num_parameters(),
         load_seconds=time.perf_counter() - started,
     )
+
+
+def _damaged_weights_remedy(source: ModelSource, directory: Path) -> str:
+    """What to do about a damaged weight file in `directory`."""
+    if source.kind == "gguf":
+        return f"delete {directory} so that {source.name} is converted again"
+    return "delete it and download the model again"
 
 
 def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) -> Path:
@@ -112,25 +117,32 @@ def _load_pretrained(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    # The sink cache relies on the sdpa/eager attention-mask path; sdpa where the model
-    # supports it (Gemma 2's logit softcapping does not), eager otherwise.
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    attention = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
     with model_errors(name), _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(
             directory,
             config=config,
             dtype=getattr(torch, placement.dtype),
             device_map=placement.device_map,
-            attn_implementation=attention,
+            attn_implementation=attention_implementation(config),
             # None lets transformers fall back to pickled .bin files when there are no safetensors.
             use_safetensors=None if options.allow_pickle else True,
             trust_remote_code=options.trust_remote_code,
         )
         tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
     return model, tokenizer
+
+
+def attention_implementation(config: PreTrainedConfig) -> str:
+    """The attention a sink-cached model runs with: "sdpa" where the model supports it, else "eager".
+
+    The sink cache relies on the sdpa/eager attention-mask path; Gemma 2's logit
+    softcapping, for one, has no sdpa version.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
 @contextmanager

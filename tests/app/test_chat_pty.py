@@ -1,5 +1,6 @@
 """The installed console script in a real pseudo-terminal: type, watch the reply and the cache, use commands, Ctrl-C."""
 
+import json
 import os
 import sys
 
@@ -66,7 +67,8 @@ def test_a_conversation_with_evictions_commands_and_a_stopped_reply(chat, tmp_pa
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
-    assert (tmp_path / "sessions" / "last.json").exists()
+    saved = list((tmp_path / "sessions").glob("session-*.json"))
+    assert len(saved) == 1 and len(json.loads(saved[0].read_text())["messages"]) == 6
 
 
 def test_ctrl_c_at_an_empty_prompt_leaves(chat):
@@ -88,4 +90,52 @@ def test_help_lists_the_commands_and_a_block_message_spans_lines(chat):
     chat.expect_exact("30 tokens ·")
     send(chat, "/quit")
     chat.expect(r"1 turn · ")
+    chat.expect(pexpect.EOF)
+
+
+def test_regen_system_save_load_and_reset(chat, tmp_path):
+    send(chat, "Hello there.")
+    chat.expect_exact("30 tokens ·")
+    send(chat, "/regen")
+    chat.expect_exact("30 tokens ·")  # greedy: the same reply again, from the same cache
+    send(chat, "/system Be brief.")
+    chat.expect(r"replayed 2 messages \([\d,]+ tokens\)")
+    send(chat, "/system")
+    chat.expect_exact("system prompt: 'Be brief.'")
+    saved = tmp_path / "kept.json"
+    send(chat, f"/save {saved}")
+    chat.expect_exact("saved 2 messages to")  # and the path, wrapped on a narrow screen
+    send(chat, "/reset")
+    chat.expect_exact("conversation and cache cleared")
+    send(chat, "/stats")
+    chat.expect(r"messages(?:\x1b\[[0-9;]*m|\s)+0")
+    send(chat, f"/load {saved}")
+    chat.expect(r"replayed 2 messages")
+    send(chat, "/load /no/such/file.json")
+    chat.expect_exact("no saved session at /no/such/file.json")
+    send(chat, "/quit")
+    chat.expect(pexpect.EOF)
+    assert json.loads(saved.read_text())["system_prompt"] == "Be brief."
+
+
+def test_text_with_square_brackets_is_shown_as_is(chat):
+    send(chat, '/set stop "[/INST]" "[/]"')
+    chat.expect_exact("stop = '[/INST]' '[/]'")
+    send(chat, "/set")
+    chat.expect_exact("[/INST]")
+    chat.expect_exact("eviction")
+    send(chat, "/quit")
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0
+
+
+def test_ctrl_c_drops_an_unfinished_block_and_the_chat_goes_on(chat):
+    send(chat, '"""a block I regret')
+    chat.expect_exact("·")
+    chat.sendintr()
+    send(chat, "/stats")
+    chat.expect(r"turns(?:\x1b\[[0-9;]*m|\s)+0")
+    send(chat, "/quit")
+    chat.expect(r"0 turns · ")
     chat.expect(pexpect.EOF)

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from streamchat import __version__, defaults
 from streamchat.cache.architectures import supported_list
 from streamchat.loading.aliases import ALIASES
-from streamchat.loading.conversion import convert_gguf
+from streamchat.loading.conversion import conversion_dir, convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
 
 STREAMCHAT = [sys.executable, "-m", "streamchat"]
@@ -157,7 +157,7 @@ def test_an_unknown_alias_suggests_close_names():
 
 
 def test_a_missing_path_is_reported():
-    result = streamchat("run", "-m", "./models/missing.gguf")
+    result = streamchat("info", "-m", "./models/missing.gguf")
     assert (result.returncode, result.stderr) == (
         3,
         "error: no such file or directory: ./models/missing.gguf\n",
@@ -209,6 +209,64 @@ def test_an_unavailable_device_is_a_usage_error():
     assert (result.returncode, result.stderr) == (
         2,
         "error: --device cuda: torch sees no CUDA GPU here; use --device auto or --device cpu\n",
+    )
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() or torch.backends.mps.is_available(), reason="needs a machine with only a CPU"
+)
+def test_a_gpu_index_this_machine_lacks_names_the_devices_it_has():
+    result = streamchat("info", "--device", "cuda:1")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "error: --device cuda:1: no such GPU here (available: cpu); use one of those or --device auto\n"
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], exit_code: int, message: str) -> None:
+    assert (result.returncode, result.stdout) == (exit_code, ""), result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("cut_inside", ["header", "tensors"])
+def test_a_truncated_gguf_is_one_line_naming_the_file(tmp_path: Path, cut_inside: str):
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    length = 1000 if cut_inside == "header" else len(whole) // 2
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(whole[:length])
+    result = streamchat("info", "--model", str(truncated))
+    problem = {
+        "header": "its 1,000 bytes end inside its header",
+        "tensors": f"it has {length:,} bytes but its tensors end at byte {len(whole):,}",
+    }[cut_inside]
+    assert_one_line_error(result, 4, f"{truncated} is truncated or corrupt: {problem}; delete it and download it again")
+
+
+def test_corrupt_safetensors_weights_are_one_line_naming_the_file(tiny_chat_model: Path, tmp_path: Path):
+    directory = shutil.copytree(tiny_chat_model, tmp_path / "model")
+    (directory / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    result = streamchat("info", "--model", str(directory))
+    assert_one_line_error(
+        result,
+        4,
+        f"{directory / 'model.safetensors'} is truncated or corrupt: header too large; "
+        "delete it and download the model again",
+    )
+
+
+def test_an_unwritable_cache_directory_says_to_set_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    # A path below a regular file: no directory can be made there, whoever runs the test.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("STREAMCHAT_CACHE_DIR", str(blocker / "cache"))
+    result = streamchat("info", "--model", str(gguf))
+    assert_one_line_error(
+        result,
+        2,
+        f"cannot create {conversion_dir(gguf).parent} in streamchat's cache: Not a directory; "
+        "set STREAMCHAT_CACHE_DIR to a writable directory",
     )
 
 

@@ -242,6 +242,18 @@ def test_bad_command_line_values_name_the_option(cli: dict[str, object], message
     assert error_of(cli, {}) == message
 
 
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "mps", "cuda:0", "cuda:7"])
+def test_any_device_name_passes_whatever_this_machine_has(device: str) -> None:
+    # Whether the machine has it is settled when the model loads (tests/loading/test_device.py).
+    assert resolve_run_config({"device": device}, {}, None).device == device
+    assert resolve_run_config({}, {"STREAMCHAT_DEVICE": device}, None).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:-1", "CUDA", "mps:0"])
+def test_a_device_that_is_no_name_is_refused(device: str) -> None:
+    assert error_of({"device": device}, {}) == f"--device {device}: must be one of auto, cpu, cuda, mps, or cuda:N"
+
+
 def test_a_bad_value_is_reported_even_when_overridden() -> None:
     assert error_of({"window": 100}, {"STREAMCHAT_WINDOW": "abc"}) == "STREAMCHAT_WINDOW='abc': not an integer"
 

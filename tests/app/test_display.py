@@ -39,8 +39,8 @@ def test_a_turn_scrolls_up_as_plain_text_with_an_eviction_summary():
     screen = console()
     ChatDisplay(screen).show(iter(turn_events()))
     assert screen.file.getvalue() == (
-        "⚠ your message is 80 tokens, longer than the window: the \n"
-        "model sees only its last 40 (40 dropped)\n"
+        "⚠ your message is 80 tokens, more than the cache holds: 40 \n"
+        "from its beginning were dropped, the model sees the other 40\n"
         "Hello world.\n"
         "Second line ends.\n"
         "⟲ forgot 3 tokens (#10–#12)  the old words\n"
@@ -81,8 +81,21 @@ def test_markdown_replies_are_rendered_once_complete():
     screen = console()
     events = [TextDelta("# Title\n\n- one\n- two"), TurnFinished("# Title\n\n- one\n- two", STATS)]
     ChatDisplay(screen, markdown=True).show(iter(events))
-    output = screen.file.getvalue()
-    assert "Title" in output and "• one" in output and "# Title" not in output
+    lines = [line.rstrip() for line in screen.file.getvalue().splitlines()]
+    assert [line for line in lines if line] == [
+        "Title".center(60).rstrip(),
+        " • one",
+        " • two",
+        "5 tokens · 10.0 tok/s · prompt 10 at 100 tok/s · first token",
+        "0.10 s · length limit",
+    ]
+
+
+def test_tables_show_text_as_it_is_not_as_markup():
+    screen = console()
+    ChatDisplay(screen).table("cache", [("sinks", "[INST] <<SYS>>"), ("window", "… [/INST] [/] [bold]")])
+    lines = [line.rstrip() for line in screen.file.getvalue().splitlines()]
+    assert lines == ["cache", "sinks   [INST] <<SYS>>", "window  … [/INST] [/] [bold]"]
 
 
 def test_no_color_keeps_the_bar_readable(monkeypatch):

@@ -131,8 +131,8 @@ def test_a_malformed_line_is_named_skipped_and_fails_the_run_at_the_end(tiny_cha
         (b"hello\x00\xff\xfe binary", "error: <stdin> line 1:"),
     ],
 )
-def test_unusable_input_is_one_line_and_exit_code_7(tiny_chat_model, stdin, message):
-    result = streamchat(tiny_chat_model, stdin=stdin)
+def test_unusable_input_is_one_line_and_exit_code_7_before_the_model_loads(tmp_path, stdin, message):
+    result = streamchat(tmp_path / "no-such-model", stdin=stdin)  # reading it would fail differently
     assert result.returncode == 7
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message)
@@ -158,3 +158,19 @@ def test_a_closed_pipe_ends_the_run_quietly(tiny_chat_model):
     assert result.stdout.decode().splitlines()[0] == "USER: Turn 0"
     assert len(result.stdout.decode().splitlines()) == 3
     assert result.stderr == b"" and result.returncode == 0
+
+
+def test_ctrl_c_while_waiting_for_the_next_turn_ends_the_run_with_130(tiny_chat_model):
+    pexpect = pytest.importorskip("pexpect")
+    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--transcript", "/dev/stdin"]
+    child = pexpect.spawn(sys.executable, arguments, timeout=60, encoding="utf-8")
+    child.sendline("Hello there")
+    child.expect_exact("ASSISTANT: ")
+    child.expect_exact("\r\n")  # the reply is written; the run waits for the next line
+    child.sendintr()
+    child.sendline("This turn must not run")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+    assert "ASSISTANT" not in child.before

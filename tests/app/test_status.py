@@ -1,7 +1,11 @@
 import pytest
 
-from streamchat.app.status import bar_segments, bar_text, first_words, fit_status, last_words, status_figures
+from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words, status_figures
 from streamchat.cache.ledger import CacheStats
+
+
+def bar_text(stats, width):
+    return "".join(BAR_CHARACTERS[name] * cells for name, cells in bar_segments(stats, width))
 
 
 def stats(sinks=4, window_used=0, window=2000, seen=0, evicted=0):

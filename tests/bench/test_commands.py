@@ -144,3 +144,53 @@ def test_the_sub_app_mounts_as_streamchat_bench(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "speed.csv").exists()
+
+
+def test_display_writes_the_table_and_the_csv(tiny_model_dir, tmp_path):
+    args = ("display", "--model", str(tiny_model_dir), "--trials", "2", "--max-new-tokens", "4", "--window", "40")
+    result = invoke(*args, "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "Display overhead:" in result.output
+    assert "app / engine decode speed (medians):" in result.output
+    assert f"wrote {tmp_path / 'display.csv'}" in result.output
+    header, rows = read_csv(tmp_path / "display.csv")
+    assert header == ["trial", "engine", "app"] and [row["trial"] for row in rows] == ["1", "2"]
+    assert all(float(row["engine"]) > 0 and float(row["app"]) > 0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--trials", "0"), "error: --trials 0: must be at least 1"),
+        (("--max-new-tokens", "1"), "error: --max-new-tokens 1: must be at least 2"),
+    ],
+)
+def test_display_refuses_impossible_sizes_before_loading_a_model(args, message, tmp_path):
+    result = invoke("display", "--model", str(tmp_path / "no-such-model"), *args)
+    assert result.exit_code == 2
+    assert result.output.strip() == message
+
+
+def test_running_out_of_cpu_memory_is_a_one_line_error(tiny_model_dir, text_file, tmp_path, monkeypatch):
+    from streamchat.bench import ppl, speed
+
+    def out_of_cpu_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: 9 GB")
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(speed.StreamingDecoder, "feed", out_of_cpu_memory)
+    monkeypatch.setattr(ppl, "dense_nll", out_of_memory)
+    for args, smaller in (
+        (("speed", "--quick", "--random-init", "tiny", "--device", "cpu"), "--window"),
+        (("ppl", "--quick", "--text", str(text_file), "--model", str(tiny_model_dir)), "--tokens or --window"),
+    ):
+        result = invoke(*args, "--out", str(tmp_path / "results"))
+        assert result.exit_code == 6, result.output
+        assert result.output.strip().splitlines()[-1] == (
+            f"error: the benchmark ran out of memory: try a smaller {smaller}, --dtype bfloat16 or float16, "
+            "or a smaller model"
+        )
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "results").exists()

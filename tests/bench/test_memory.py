@@ -1,9 +1,10 @@
-"""Peak memory probes: a reset forgets earlier peaks."""
+"""Peak memory probes: a reset forgets earlier peaks. Running out of memory is a one-line error."""
 
 import pytest
 import torch
 
-from streamchat.bench.memory import LinuxPeakRss, memory_probe
+from streamchat.bench.memory import LinuxPeakRss, memory_probe, out_of_memory_errors
+from streamchat.errors import OutOfMemoryError
 
 
 def test_the_cpu_probe_sees_a_peak_that_has_gone_again():
@@ -17,3 +18,26 @@ def test_the_cpu_probe_sees_a_peak_that_has_gone_again():
     assert probe.peak() - before >= 60 * 2**20
     probe.reset()
     assert probe.peak() - before < 32 * 2**20
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        MemoryError(),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: 8 GB"),
+        RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB)"),
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ],
+)
+def test_running_out_of_memory_on_any_device_is_a_domain_error(failure):
+    with pytest.raises(OutOfMemoryError) as raised, out_of_memory_errors("--tokens or --window"):
+        raise failure
+    assert str(raised.value) == (
+        "the benchmark ran out of memory: try a smaller --tokens or --window, --dtype bfloat16 or float16, "
+        "or a smaller model"
+    )
+
+
+def test_other_runtime_errors_pass_through():
+    with pytest.raises(RuntimeError, match="shape mismatch"), out_of_memory_errors("--window"):
+        raise RuntimeError("shape mismatch")

@@ -7,6 +7,7 @@ import torch
 
 from streamchat import defaults
 from streamchat.bench import ppl
+from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
 from tests.support.tokenizers import byte_level_tokenizer
 
@@ -16,9 +17,9 @@ def run(policy: str, nll: list[float], seconds: float = 2.0) -> ppl.PolicyRun:
 
 
 def test_quick_and_full_sizes_take_the_options_given():
-    assert ppl.sizes_for(False) == ppl.FULL
+    assert sizes_for(False, ppl.FULL, ppl.QUICK) == ppl.FULL
     assert ppl.FULL.tokens == defaults.PPL_TOKENS and ppl.FULL.capacity == 1024
-    sizes = ppl.sizes_for(True, tokens=500, chunk=None)
+    sizes = sizes_for(True, ppl.FULL, ppl.QUICK, tokens=500, chunk=None)
     assert (sizes.tokens, sizes.chunk, sizes.window) == (500, ppl.QUICK.chunk, ppl.QUICK.window)
 
 
@@ -34,7 +35,7 @@ def test_quick_and_full_sizes_take_the_options_given():
 )
 def test_impossible_sizes_are_refused_naming_the_option(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        ppl.sizes_for(False, **overrides)
+        sizes_for(False, ppl.FULL, ppl.QUICK, **overrides)
 
 
 def test_policies_come_in_the_table_order_whatever_the_order_given():

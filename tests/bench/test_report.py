@@ -1,11 +1,20 @@
 """Tables, CSV files and checks, shared by both benchmarks."""
 
 import math
+import sys
 
 import pytest
 from rich.console import Console
 
-from streamchat.bench.report import Check, Column, print_report, save_plot, write_csv
+from streamchat.bench.report import (
+    MATPLOTLIB_MISSING,
+    Check,
+    Column,
+    print_report,
+    save_plot,
+    save_results,
+    write_csv,
+)
 from streamchat.errors import ConfigError
 
 COLUMNS = [Column("policy", "policy"), Column("ppl", "PPL", "{:.2f}"), Column("tokens", "tokens", "{:,}")]
@@ -41,3 +50,29 @@ def test_an_unwritable_output_is_a_one_line_error(tmp_path):
         write_csv(blocker / "out.csv", ["a"], [])
     with pytest.raises(ConfigError, match="cannot write"):
         save_plot(blocker / "plot.png", lambda figure: figure.subplots().plot([1, 2]))
+
+
+def test_results_are_saved_as_csv_files_and_plots_and_listed(tmp_path):
+    console, notes = Console(width=300, record=True), Console(width=300, record=True)
+    written = save_results(
+        tmp_path / "out",
+        {"a.csv": (["policy", "ppl"], ROWS), "b.csv": (["tokens"], ROWS)},
+        {"a.png": lambda figure: figure.subplots().plot([1, 2])},
+        console=console,
+        notes=notes,
+    )
+    assert written == [tmp_path / "out" / name for name in ("a.csv", "b.csv", "a.png")]
+    assert (tmp_path / "out" / "b.csv").read_text(encoding="utf-8").splitlines() == ["tokens", "20000", "5"]
+    assert (tmp_path / "out" / "a.png").read_bytes().startswith(b"\x89PNG")
+    assert console.export_text().strip() == "wrote " + ", ".join(str(path) for path in written)
+    assert notes.export_text() == ""
+
+
+def test_without_matplotlib_only_the_csv_files_are_saved_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    console, notes = Console(width=300, record=True), Console(width=300, record=True)
+    written = save_results(
+        tmp_path, {"a.csv": (["policy"], ROWS)}, {"a.png": lambda figure: None}, console=console, notes=notes
+    )
+    assert written == [tmp_path / "a.csv"] and sorted(path.name for path in tmp_path.iterdir()) == ["a.csv"]
+    assert notes.export_text().strip() == MATPLOTLIB_MISSING

@@ -1,9 +1,12 @@
 """The speed benchmark on a tiny model: what gets measured at each checkpoint, and what it shows."""
 
+import itertools
+
 import pytest
 
 from streamchat import defaults
 from streamchat.bench import speed
+from streamchat.bench.sizes import sizes_for
 from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError
 from tests.support.models import tiny_model
@@ -12,19 +15,19 @@ SETTINGS = GenerationSettings()
 
 
 def test_sizes_and_checkpoints_are_validated_with_the_option_named():
-    assert speed.sizes_for(False) == speed.FULL
+    assert sizes_for(False, speed.FULL, speed.QUICK) == speed.FULL
     assert (speed.FULL.sinks, speed.FULL.window, speed.FULL.steps) == (defaults.SINKS, defaults.WINDOW, 9)
     assert speed.parse_checkpoints("100,200") == (100, 200) and speed.parse_checkpoints(None) is None
-    assert speed.sizes_for(True, checkpoints=(10, 20), steps=None).checkpoints == (10, 20)
+    assert sizes_for(True, speed.FULL, speed.QUICK, checkpoints=(10, 20), steps=None).checkpoints == (10, 20)
     with pytest.raises(ConfigError, match="--checkpoints 'a,b': give whole numbers"):
         speed.parse_checkpoints("a,b")
     for checkpoints in ((200, 100), (100, 100), (0, 10)):
         with pytest.raises(ConfigError, match="give increasing token counts"):
-            speed.sizes_for(True, checkpoints=checkpoints)
+            sizes_for(True, speed.FULL, speed.QUICK, checkpoints=checkpoints)
     with pytest.raises(ConfigError, match="--steps 0: must be at least 1"):
-        speed.sizes_for(True, steps=0)
+        sizes_for(True, speed.FULL, speed.QUICK, steps=0)
     with pytest.raises(ConfigError, match="need sinks >= 0 and window >= 1"):
-        speed.sizes_for(True, window=0)
+        sizes_for(True, speed.FULL, speed.QUICK, window=0)
 
 
 def test_a_run_measures_every_policy_at_every_checkpoint():
@@ -34,15 +37,54 @@ def test_a_run_measures_every_policy_at_every_checkpoint():
     assert seen == measurements
     assert [(m.streamed, m.fill) for m in measurements] == [(16, 16), (64, 32), (96, 32)]
     for measurement in measurements:
-        assert set(measurement.latency) == set(speed.POLICIES) == set(measurement.peak_memory)
+        assert list(measurement.latency) == list(measurement.peak_memory) == ["streaming", "dense", "recompute"]
         assert all(seconds > 0 for seconds in measurement.latency.values())
-        assert all(peak > 2**20 for peak in measurement.peak_memory.values())
+        # A probe that found no figure reports 0.
+        assert all(isinstance(peak, int) and peak > 0 for peak in measurement.peak_memory.values())
     assert memory_kind in ("peak RSS", "peak RSS since start")
+    if memory_kind == "peak RSS since start":
+        # Never reset: each policy's peak can only have grown since the checkpoint before.
+        for before, after in itertools.pairwise(measurements):
+            assert all(after.peak_memory[p] >= before.peak_memory[p] for p in speed.POLICIES)
     rows = speed.rows(measurements)
+    assert len(rows) == len(sizes.checkpoints)
     assert [column.key for column in speed.columns()] == list(rows[0])
-    assert rows[1]["streaming_vs_dense"] == pytest.approx(
-        measurements[1].latency["streaming"] / measurements[1].latency["dense"]
+    for row, measurement in zip(rows, measurements, strict=True):
+        latency = measurement.latency
+        assert row["streaming_vs_dense"] == latency["streaming"] / latency["dense"]
+        assert row["recompute_vs_streaming"] == latency["recompute"] / latency["streaming"]
+        assert [row[f"{policy}_mib"] * 2**20 for policy in speed.POLICIES] == [
+            measurement.peak_memory[policy] for policy in speed.POLICIES
+        ]
+
+
+def test_a_run_samples_as_the_chat_would_when_given_no_settings():
+    sizes = speed.SpeedSizes(sinks=2, window=6, checkpoints=(4, 12), steps=1)
+    measurements, _ = speed.run_speed(tiny_model(), sizes)
+    assert [(m.streamed, m.fill) for m in measurements] == [(4, 4), (12, 8)]
+
+
+def test_rows_are_milliseconds_ratios_and_mib_per_checkpoint():
+    measured = speed.Measurement(
+        streamed=2000,
+        fill=64,
+        latency={"streaming": 0.002, "dense": 0.004, "recompute": 0.050},
+        peak_memory={"streaming": 3 * 2**20, "dense": 5 * 2**19, "recompute": 2**30},
     )
+    [row] = speed.rows([measured])
+    assert row == {
+        "streamed": 2000,
+        "fill": 64,
+        "streaming_ms": pytest.approx(2.0),
+        "dense_ms": pytest.approx(4.0),
+        "recompute_ms": pytest.approx(50.0),
+        "streaming_vs_dense": pytest.approx(0.5),
+        "recompute_vs_streaming": pytest.approx(25.0),
+        "streaming_mib": 3.0,
+        "dense_mib": 2.5,
+        "recompute_mib": 1024.0,
+    }
+    assert speed.describe(measured) == "   2,000 tokens streamed: streaming 2.0 ms, dense 4.0 ms, recompute 50.0 ms"
 
 
 def test_checks_look_at_full_cache_checkpoints_only():

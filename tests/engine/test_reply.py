@@ -10,7 +10,8 @@ from tests.support.tokenizers import byte_level_tokenizer
 def grow(text: str, stop: tuple[str, ...] = ()) -> tuple[Reply, list[str]]:
     """Feed `text` one byte-level token per character until the reply stops."""
     tokenizer = byte_level_tokenizer()
-    reply = Reply(tokenizer, GenerationSettings(max_new_tokens=100, stop=stop), started=time.perf_counter())
+    started = time.perf_counter() - 1.0
+    reply = Reply(tokenizer, GenerationSettings(max_new_tokens=100, stop=stop), started, prefilled=started + 0.25)
     shown = []
     for character in text:
         for token in tokenizer.encode(character, add_special_tokens=False):
@@ -44,11 +45,11 @@ def test_the_pending_token_is_handed_over_once():
     assert reply.take_pending() == []
 
 
-def test_stats_count_the_tokens_and_split_prefill_from_decode():
+def test_stats_count_the_tokens_and_time_the_prompt_the_first_token_and_the_rest():
     reply, _ = grow("hello there")
     stats = reply.stats(prompt_tokens=7)
     assert stats.prompt_tokens == 7 and stats.generated_tokens == len(reply.ids) == 11
-    assert stats.time_to_first_token == stats.prefill_seconds >= 0
+    assert stats.prefill_seconds == 0.25 and stats.time_to_first_token >= 1.0
     assert stats.decode_seconds >= 0 and stats.stop_reason == "max_new_tokens"
 
 

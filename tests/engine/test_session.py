@@ -8,12 +8,15 @@ import torch
 from streamchat.engine.events import CacheOccupancy, Evicted, PromptTruncated, Replayed, TextDelta, TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
-from streamchat.errors import ConfigError, OutOfMemoryError, SessionFileError
+from streamchat.errors import ChatTemplateError, ConfigError, OutOfMemoryError, SessionFileError
 from tests.support.models import tiny_model
-from tests.support.tokenizers import byte_level_tokenizer, plain_tokenizer
+from tests.support.tokenizers import CHATML_TEMPLATE, byte_level_tokenizer, byte_level_tokenizer_with, plain_tokenizer
 
 VOCAB = 700  # covers the offline tokenizers (600 tokens)
 GREEDY = GenerationSettings(max_new_tokens=8, temperature=0.0)
+NO_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}" + CHATML_TEMPLATE
+)
 
 
 def make_session(tokenizer=None, settings=GREEDY, model=None, **options):
@@ -144,6 +147,32 @@ def test_an_abandoned_reply_is_closed_too():
     assert run(session.chat("Next"))[-1].stats.stop_reason == "max_new_tokens"
 
 
+def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
+    session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), sinks=4, window=30)
+    sampled = []
+    next_token = session.sampler.next_token
+    session.sampler.next_token = lambda *args: sampled.append(next_token(*args)) or sampled[-1]
+    prompt = session.chat_format.prompt_ids("Hello!", first_turn=True)
+    turn = session.chat("Hello!")
+    for event in turn:
+        if isinstance(event, Evicted) and len(sampled) > 3:
+            break  # an eviction that makes room for the latest sampled token, not yet fed
+    turn.close()
+    eot = list(session.chat_format.end_of_turn_ids)
+    assert session.mirror.token_ids()[-len(eot) - 1 :] == [sampled[-1], *eot]
+    assert session.cache_stats().seen == len(prompt) + len(sampled) + len(eot)
+
+
+def test_a_reply_abandoned_after_the_conversation_was_replaced_stays_abandoned():
+    session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0))
+    turn = session.chat("Hello!")
+    next(event for event in turn if isinstance(event, TextDelta))
+    run(session.recover())  # a second Ctrl-C: the half-done turn is dropped
+    turn.close()
+    assert session.transcript == [] and session.cache_stats().seen == 0
+    assert run(session.chat("Hello!"))[-1].stats.generated_tokens == 50
+
+
 def test_the_same_seed_gives_the_same_conversation():
     sampling = GenerationSettings(max_new_tokens=12, temperature=1.0, seed=1234)
 
@@ -158,11 +187,11 @@ def test_the_same_seed_gives_the_same_conversation():
 
 def test_turn_stats_are_plausible():
     session = make_session()
+    prompt = session.chat_format.prompt_ids("What is the capital of France?", first_turn=True)
     stats = run(session.chat("What is the capital of France?"))[-1].stats
-    prompt = session.chat_format.prompt_ids("x", first_turn=True)
-    assert stats.prompt_tokens > len(prompt)
+    assert stats.prompt_tokens == len(prompt)
     assert stats.generated_tokens == 8
-    assert 0 < stats.time_to_first_token == stats.prefill_seconds
+    assert 0 < stats.prefill_seconds < stats.time_to_first_token
     assert stats.prefill_tokens_per_second > 0 and stats.decode_tokens_per_second > 0
 
 
@@ -193,20 +222,30 @@ def test_a_prompt_longer_than_the_window_is_fed_in_chunks_and_reported():
     events = run(session.chat(long_text))
     truncated = next(e for e in events if isinstance(e, PromptTruncated))
     prompt = session.chat_format.prompt_ids(long_text, first_turn=True)
+    # The first turn's first tokens are the sinks: the model sees them and the last 40.
+    assert (truncated.prompt_tokens, truncated.visible_tokens) == (len(prompt), 44)
+    events = run(session.chat(long_text))
+    truncated = next(e for e in events if isinstance(e, PromptTruncated))
+    prompt = session.chat_format.prompt_ids(long_text, first_turn=False)
     assert (truncated.prompt_tokens, truncated.visible_tokens) == (len(prompt), 40)
-    assert truncated.dropped_tokens == len(prompt) - 40
+
+
+def test_a_prompt_that_just_fits_the_sinks_and_the_window_is_not_truncated():
+    text = "Tell me about the sea and the sky."
+    length = len(make_session().chat_format.prompt_ids(text, first_turn=True))
+    fits = run(make_session(sinks=4, window=length - 4).chat(text))
+    assert not any(isinstance(e, PromptTruncated) for e in fits)
+    one_over = run(make_session(sinks=4, window=length - 5).chat(text))
+    assert [e.dropped_tokens for e in one_over if isinstance(e, PromptTruncated)] == [1]
 
 
 def test_two_hundred_turns_through_a_small_cache_stay_bounded():
     session = make_session(settings=GenerationSettings(max_new_tokens=6, temperature=0.0), sinks=4, window=252)
-    storage = (
-        [layer.keys.data_ptr() for layer in session.cache.layers] if session.cache.layers[0].keys is not None else []
-    )
+    storage = None
     for turn in range(200):
         events = run(session.chat(f"Turn {turn}: tell me something."))
         assert events[-1].stats.generated_tokens == 6
-        if not storage:
-            storage = [layer.keys.data_ptr() for layer in session.cache.layers]
+        storage = storage or [layer.keys.data_ptr() for layer in session.cache.layers]
     stats = session.cache_stats()
     assert stats.used == 256 and stats.evicted == stats.seen - 256
     assert [layer.keys.data_ptr() for layer in session.cache.layers] == storage
@@ -248,6 +287,20 @@ def test_save_and_load_replay_the_transcript(tmp_path):
     assert run(restored.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
+def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
+    session = make_session(sinks=4, window=40)
+    for turn in range(6):
+        run(session.chat(f"Turn {turn}: tell me something."))
+    whole = whole_render(byte_level_tokenizer(), session.transcript)
+    assert len(whole) > 4 + 2 * 40
+    streamed = session.cache_view()
+    replayed = run(session.replay(list(session.transcript)))[-1]
+    assert replayed == Replayed(messages=12, tokens=4 + 2 * 40)
+    assert session.mirror.token_ids() == whole[:4] + whole[-40:]
+    assert session.cache_view() == streamed  # the same tokens, and the same story of what was forgotten
+    assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
+
+
 def test_a_bad_session_file_changes_nothing(tmp_path):
     session = make_session()
     run(session.chat("Hello!"))
@@ -259,6 +312,20 @@ def test_a_bad_session_file_changes_nothing(tmp_path):
     with pytest.raises(SessionFileError, match="no saved session"):
         session.load(tmp_path / "missing.json")
     assert session.transcript == before
+
+
+def test_a_system_prompt_the_template_refuses_changes_nothing(tmp_path):
+    session = make_session(tokenizer=byte_level_tokenizer_with(NO_SYSTEM_TEMPLATE))
+    run(session.chat("Hello!"))
+    before, cached = list(session.transcript), session.mirror.token_ids()
+    with pytest.raises(ChatTemplateError, match="may not accept a system prompt"):
+        list(session.set_system_prompt("Be a pirate."))
+    path = tmp_path / "pirate.json"
+    make_session(system_prompt="Be a pirate.").save(path)
+    with pytest.raises(ChatTemplateError):
+        session.load(path)
+    assert session.system_prompt is None and session.transcript == before
+    assert session.mirror.token_ids() == cached
 
 
 def test_a_new_system_prompt_replays_the_conversation_behind_it():
@@ -301,21 +368,24 @@ def test_the_cache_view_names_what_was_forgotten():
     assert torch.tensor(view.window_ids).tolist() == session.mirror.token_ids()[4:]
 
 
-def test_running_out_of_memory_is_a_domain_error_and_the_session_recovers():
+def test_running_out_of_memory_half_way_through_the_layers_is_a_domain_error_and_the_session_recovers():
     session = make_session()
     run(session.chat("Hello!"))
-    model = session.model
-    forward = model.forward
+    layer = session.model.model.layers[1]
+    forward = layer.forward
 
     def exhausted(*args, **kwargs):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    model.forward = exhausted
+    layer.forward = exhausted
     try:
         with pytest.raises(OutOfMemoryError, match=r"out of memory on cpu while reading .* smaller --window"):
             list(session.chat("More please"))
     finally:
-        model.forward = forward
+        layer.forward = forward
+    assert not session.cache.is_consistent()  # layer 0 stored the prompt, layer 1 did not
     run(session.recover())
+    assert session.cache.is_consistent()
     assert [m["role"] for m in session.transcript] == ["user", "assistant"]
+    assert session.mirror.token_ids() == whole_render(byte_level_tokenizer(), session.transcript)
     assert run(session.chat("More please"))[-1].stats.generated_tokens == 8

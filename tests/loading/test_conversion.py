@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamchat.errors import UnsupportedModelError
+from streamchat.errors import ConfigError, ModelAccessError, UnsupportedModelError
 from streamchat.loading import conversion
 from streamchat.loading.conversion import cache_root, conversion_dir, convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
@@ -136,3 +136,32 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path):
     with pytest.raises(UnsupportedModelError) as raised:
         convert_gguf(fake, str(fake), print)
     assert str(raised.value) == f"{fake} does not start with the GGUF magic bytes, so it is not a GGUF file."
+
+
+def test_a_truncated_file_is_refused_before_converting(gguf: Path):
+    whole = gguf.read_bytes()
+    gguf.write_bytes(whole[: len(whole) // 2])
+    notes: list[str] = []
+    with pytest.raises(ModelAccessError) as raised:
+        convert_gguf(gguf, "tiny", notes.append)
+    assert str(raised.value) == (
+        f"{gguf} is truncated or corrupt: it has {len(whole) // 2:,} bytes but its tensors end at byte "
+        f"{len(whole):,}; delete it and download it again"
+    )
+    assert notes == []
+    assert not (cache_root() / "converted").exists()
+
+
+def test_a_cache_that_cannot_be_written_is_a_config_error(gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A path below a regular file: no directory can be made there, whoever runs the test.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("STREAMCHAT_CACHE_DIR", str(blocker / "cache"))
+    notes: list[str] = []
+    with pytest.raises(ConfigError) as raised:
+        convert_gguf(gguf, "tiny", notes.append)
+    assert str(raised.value) == (
+        f"cannot create {conversion_dir(gguf).parent} in streamchat's cache: Not a directory; "
+        "set STREAMCHAT_CACHE_DIR to a writable directory"
+    )
+    assert notes == []

@@ -1,7 +1,16 @@
 import pytest
 
 from streamchat.errors import ConfigError
-from streamchat.loading.device import Accelerators, Placement, choose_device, choose_dtype, plan_placement
+from streamchat.loading.device import (
+    Accelerators,
+    Placement,
+    available_devices,
+    choose_device,
+    choose_dtype,
+    is_device_name,
+    is_dtype_name,
+    plan_placement,
+)
 
 CPU_ONLY = Accelerators()
 AMPERE = Accelerators(cuda_devices=1, cuda_bf16=True)
@@ -42,13 +51,59 @@ def test_an_explicit_device_is_used_when_present():
     [
         ("cuda", "--device cuda: torch sees no CUDA GPU here; use --device auto or --device cpu"),
         ("mps", "--device mps: Apple's Metal backend is not available here; use --device auto or cpu"),
-        ("tpu", "--device 'tpu' is not a device; choose one of auto, cpu, cuda, mps"),
+        ("tpu", "--device 'tpu' is not a device; choose one of auto, cpu, cuda, mps, or cuda:N"),
+        ("cuda:1", "--device cuda:1: no such GPU here (available: cpu); use one of those or --device auto"),
     ],
 )
 def test_an_unavailable_device_is_a_config_error(device: str, message: str):
     with pytest.raises(ConfigError) as raised:
         choose_device(device, CPU_ONLY)
     assert str(raised.value) == message
+    assert raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "mps", "cuda:0", "cuda:12"])
+def test_device_names_include_one_gpu_by_index(name: str):
+    assert is_device_name(name)
+
+
+@pytest.mark.parametrize("name", ["gpu", "CUDA", "cuda:", "cuda:-1", "cuda:1:0", "cuda:x", "mps:0", "cpu:0", ""])
+def test_other_device_names_are_refused(name: str):
+    assert not is_device_name(name)
+
+
+def test_dtype_names_are_the_four_choices():
+    assert [name for name in ("auto", "float32", "bfloat16", "float16", "fp16", "float64") if is_dtype_name(name)] == [
+        "auto",
+        "float32",
+        "bfloat16",
+        "float16",
+    ]
+
+
+def test_one_gpu_by_index_is_used_when_present():
+    assert choose_device("cuda:0", AMPERE) == "cuda:0"
+    assert choose_device("cuda:1", TWO_TURINGS) == "cuda:1"
+    assert plan_placement("cuda:1", "auto", None, TWO_TURINGS) == Placement("cuda:1", "float16", device_map="cuda:1")
+    assert plan_placement("cuda:0", "auto", None, AMPERE) == Placement("cuda:0", "bfloat16", device_map="cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("accelerators", "available"),
+    [
+        (CPU_ONLY, "cpu"),
+        (AMPERE, "cpu, cuda:0"),
+        (TWO_TURINGS, "cpu, cuda:0, cuda:1"),
+        (Accelerators(mps=True), "cpu, mps"),
+    ],
+)
+def test_a_missing_gpu_index_names_the_devices_that_exist(accelerators: Accelerators, available: str):
+    assert ", ".join(available_devices(accelerators)) == available
+    with pytest.raises(ConfigError) as raised:
+        choose_device("cuda:2", accelerators)
+    assert str(raised.value) == (
+        f"--device cuda:2: no such GPU here (available: {available}); use one of those or --device auto"
+    )
     assert raised.value.exit_code == 2
 
 
@@ -89,6 +144,18 @@ def test_device_map_auto_spreads_over_the_gpus():
             "balanced",
             AMPERE,
             "--device-map 'balanced' is not supported; use --device-map auto or leave it out",
+        ),
+        (
+            "cuda:1",
+            "auto",
+            TWO_TURINGS,
+            "--device-map auto spreads the model over CUDA GPUs; drop it or --device cuda:1",
+        ),
+        (
+            "gpu",
+            "auto",
+            TWO_TURINGS,
+            "--device 'gpu' is not a device; choose one of auto, cpu, cuda, mps, or cuda:N",
         ),
     ],
 )

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from streamchat.errors import (
     ConfigError,
@@ -17,6 +17,7 @@ from streamchat.errors import (
 )
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.conversion import conversion_dir, convert_gguf
+from streamchat.loading.loader import attention_implementation
 from tests.support.gguf_files import CONTEXT_LENGTH, write_tiny_gguf
 
 PROMPT = [{"role": "user", "content": "hello world"}]
@@ -47,7 +48,7 @@ def test_a_gguf_loads_exactly_as_transformers_reads_it(tmp_path: Path):
     assert len(notes) == 1
     assert loaded.source.kind == "gguf"
     assert loaded.directory == conversion_dir(gguf)
-    assert (loaded.model_type, loaded.rotary_layout) == ("llama", "rotate_half")
+    assert loaded.model_type == "llama"
     assert (loaded.device, loaded.dtype) == (torch.device("cpu"), torch.float32)
     assert (loaded.max_context, loaded.parameters) == (CONTEXT_LENGTH, TINY_PARAMETERS)
     assert loaded.has_chat_template
@@ -94,6 +95,35 @@ def test_a_directory_without_weights_is_refused(model_dir: Path, tmp_path: Path)
         load_model(LoadOptions(model=str(empty), allow_pickle=False))
     with pytest.raises(ModelAccessError, match=r"has no weights: found neither model\*\.safetensors nor"):
         load_model(LoadOptions(model=str(empty), allow_pickle=True))
+
+
+def test_damaged_weights_are_refused_by_name(model_dir: Path, tmp_path: Path):
+    damaged = shutil.copytree(model_dir, tmp_path / "damaged")
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ModelAccessError) as raised:
+        load_model(LoadOptions(model=str(damaged)))
+    assert str(raised.value) == (
+        f"{weights} is truncated or corrupt: incomplete metadata, file not fully covered; "
+        "delete it and download the model again"
+    )
+
+
+def test_a_damaged_conversion_is_to_be_deleted_and_made_again(tmp_path: Path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    entry = convert_gguf(gguf, "tiny", print)
+    (entry / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelAccessError) as raised:
+        load_model(LoadOptions(model=str(gguf)))
+    assert str(raised.value) == (
+        f"{entry / 'model.safetensors'} is truncated or corrupt: header too small; "
+        f"delete {entry} so that {gguf} is converted again"
+    )
+
+
+@pytest.mark.parametrize(("model_type", "attention"), [("llama", "sdpa"), ("gemma2", "eager"), ("qwen2", "sdpa")])
+def test_attention_is_sdpa_unless_the_model_lacks_it(model_type: str, attention: str):
+    assert attention_implementation(AutoConfig.for_model(model_type)) == attention
 
 
 def write_config(directory: Path, **config: object) -> Path:

@@ -125,6 +125,11 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     return _wrap_byte_level(CHATML_TEMPLATE)
 
 
+def byte_level_tokenizer_with(chat_template: str) -> PreTrainedTokenizerFast:
+    """The byte-level tokenizer with another chat template."""
+    return _wrap_byte_level(chat_template)
+
+
 @functools.lru_cache(maxsize=1)
 def plain_tokenizer() -> PreTrainedTokenizerFast:
     """The byte-level tokenizer without a chat template, like a base model's."""
