@@ -7,6 +7,8 @@ from functools import cache
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from streamchat.loading.loader import attention_implementation
+
 VOCAB = 256
 
 _COMMON = dict(
@@ -83,8 +85,7 @@ def tiny_config(model_type: str, rope_scaling: str | None = None, **overrides):
 def _cached_model(model_type: str, rope_scaling: str | None, dtype: torch.dtype, seed: int, vocab_size: int):
     torch.manual_seed(seed)
     config = tiny_config(model_type, rope_scaling, vocab_size=vocab_size)
-    attention = "eager" if model_type == "gemma2" else "sdpa"  # Gemma 2's softcapping needs eager
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention_implementation(config))
     with torch.no_grad():
         # Trained models give a few likely tokens far larger logits than the rest. Random
         # ones give a Gaussian crowd, where a single bf16 rounding anywhere flips 1-2 % of
