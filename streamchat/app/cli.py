@@ -242,7 +242,7 @@ def run(
         str | None,
         _run_option(
             "Read user turns from FILE instead of the prompt ('example' plays a shipped sample). "
-            "Also used when stdin is not a terminal.",
+            "Without it, turns come from stdin when stdin or stdout is not a terminal.",
             "Transcript",
             metavar="FILE",
         ),
