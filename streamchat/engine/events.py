@@ -77,6 +77,18 @@ class TurnFinished:
 
 
 @dataclass(frozen=True)
+class Compiling:
+    """The first decode step is being compiled (once per start; it takes a while)."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The decode step is compiled; `seconds` it took."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Replayed:
     """A transcript was fed through the cache (after /load or a new system prompt)."""
 
@@ -84,4 +96,4 @@ class Replayed:
     tokens: int  # fed: the sinks and the end of the conversation, not the middle it would evict
 
 
-Event = TextDelta | Evicted | PromptTruncated | CacheOccupancy | TurnFinished | Replayed
+Event = TextDelta | Evicted | PromptTruncated | CacheOccupancy | TurnFinished | Replayed | Compiling | Compiled

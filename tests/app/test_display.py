@@ -6,7 +6,16 @@ from rich.console import Console
 
 from streamchat.app.display import ChatDisplay
 from streamchat.cache.ledger import CacheStats
-from streamchat.engine.events import CacheOccupancy, Evicted, PromptTruncated, TextDelta, TurnFinished, TurnStats
+from streamchat.engine.events import (
+    CacheOccupancy,
+    Compiled,
+    Compiling,
+    Evicted,
+    PromptTruncated,
+    TextDelta,
+    TurnFinished,
+    TurnStats,
+)
 
 FULL = CacheStats(sinks_held=4, sink_capacity=4, window_used=40, window_capacity=40, seen=100, evicted=56)
 STATS = TurnStats(
@@ -121,3 +130,13 @@ def test_a_long_paragraph_scrolls_up_before_it_ends():
     lines = screen.file.getvalue().splitlines()
     assert lines[0].startswith("word word word")
     assert all(len(line) <= 20 for line in lines[:-2])
+
+
+def test_a_first_compile_is_announced_before_it_blocks_and_timed_after():
+    screen = console(width=80)
+    ChatDisplay(screen).show(iter([Compiling(), Compiled(41.26), TextDelta("Hi."), TurnFinished("Hi.", STATS)]))
+    assert screen.file.getvalue().splitlines()[:3] == [
+        "compiling the decode step (once per start; later starts reuse the cache)…",
+        "decode step compiled in 41.3 s",
+        "Hi.",
+    ]
