@@ -79,8 +79,8 @@ class Decoder:
 
     @property
     def will_compile(self) -> bool:
-        """Whether the next compiled step compiles first (the UI says so: it takes a while)."""
-        return self.compiled and self.compile_seconds is None
+        """Whether the next step compiles first (the UI says so: it takes a while)."""
+        return self.compiled and self.compile_seconds is None and self.cache.ledger.sinks_full
 
     def start(self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler) -> None:
         """Decode from `logits` [1, n, vocab] (the last position's count) with these settings."""
