@@ -31,6 +31,10 @@ FALLBACK_ASSISTANT_PREFIX = "ASSISTANT: "
 # Between the system prompt, user turns and replies of that format.
 FALLBACK_TURN_SEPARATOR = "\n\n"
 
+# Compiling the decode step: auto compiles on CUDA (CUDA graphs), not on the CPU, where it does not pay.
+COMPILE = "auto"
+COMPILE_SETTINGS = ("auto", "on", "off")
+
 # Devices and precision.
 DEVICE = "auto"
 DTYPE = "auto"

@@ -27,11 +27,13 @@ from typing import Any
 
 import torch
 
+from streamchat import defaults
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.engine.sampling import Draw, Sampler, penalize_held
 from streamchat.engine.settings import GenerationSettings
+from streamchat.errors import ConfigError
 
 
 def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
@@ -175,6 +177,20 @@ class _Reader:
         else:
             token, settled = self._values.tolist()
         return token, bool(settled)
+
+
+def compile_backend(setting: str, device: torch.device) -> str | None:
+    """What --compile auto|on|off means on `device`: a torch.compile backend, or None for eager steps.
+
+    auto compiles on CUDA, where a step is thousands of kernel launches that CUDA graphs
+    replay at once, and not on the CPU, where the time goes into the matrix products
+    themselves and compiling gains nothing (shared/notes/performance.md) but a wait.
+    """
+    if setting not in defaults.COMPILE_SETTINGS:
+        raise ConfigError(f"--compile {setting!r}: choose one of {', '.join(defaults.COMPILE_SETTINGS)}")
+    if setting == "auto":
+        return "inductor" if device.type == "cuda" else None
+    return "inductor" if setting == "on" else None
 
 
 def _compiled_step(device: torch.device, backend: str) -> Any:

@@ -7,9 +7,10 @@ import torch
 import torch._dynamo
 
 from streamchat.cache import SinkCache, forward
-from streamchat.engine.decoder import Decoder
+from streamchat.engine.decoder import Decoder, compile_backend
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.settings import GenerationSettings
+from streamchat.errors import ConfigError
 from tests.support.models import VOCAB, tiny_model
 
 SINKS, WINDOW, PROMPT, STEPS = 4, 60, 20, 300
@@ -56,3 +57,22 @@ def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened():
             assert decoder.next().token == token
         tokens.append(token)
     assert tokens == straight
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "backend"),
+    [
+        ("auto", "cuda", "inductor"),
+        ("auto", "cpu", None),
+        ("auto", "mps", None),
+        ("on", "cpu", "inductor"),
+        ("off", "cuda", None),
+    ],
+)
+def test_compile_auto_means_on_for_cuda_only(setting, device, backend):
+    assert compile_backend(setting, torch.device(device)) == backend
+
+
+def test_an_unknown_compile_setting_is_refused_by_name():
+    with pytest.raises(ConfigError, match="--compile 'yes': choose one of auto, on, off"):
+        compile_backend("yes", torch.device("cpu"))
