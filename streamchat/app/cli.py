@@ -7,6 +7,7 @@ torch and transformers are imported only by the commands that load a model, so
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -16,11 +17,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from streamchat import __version__, defaults
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
-from streamchat.app.errors import reported_errors, stderr
+from streamchat.app.errors import notify, reported_errors
 from streamchat.app.launch import load_options, run_chat
+from streamchat.app.safe_text import safe_text
+from streamchat.app.tables import print_table
 from streamchat.bench.commands import bench_app
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.catalog import CatalogEntry, model_catalog
@@ -117,20 +121,37 @@ def _root(
     """Endless terminal chat with local Hugging Face models through a sink-preserving rolling KV cache."""
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
 @app.command()
-def models() -> None:
+def models(as_json: JsonOption = False) -> None:
     """List the model aliases, what each resolves to, and which load offline right now."""
     with reported_errors():
         entries = model_catalog()
+    if as_json:
+        typer.echo(json.dumps([_catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
+        return
     table = Table(box=None, pad_edge=False)
     table.add_column("alias", no_wrap=True)
     # Folded, not cut: a path or hub id is useless with its end replaced by an ellipsis.
     table.add_column("resolves to", overflow="fold")
     table.add_column("offline")
     for entry in entries:
-        alias = f"{entry.alias} [dim](default)[/]" if entry.is_default else entry.alias
-        table.add_row(alias, entry.source.location, _availability(entry))
-    stdout.print(table)
+        alias = Text.assemble(entry.alias, (" (default)", "dim")) if entry.is_default else Text(entry.alias)
+        table.add_row(alias, safe_text(entry.source.location), _availability(entry))
+    print_table(stdout, table)
+
+
+def _catalog_record(entry: CatalogEntry) -> dict[str, object]:
+    return {
+        "alias": entry.alias,
+        "kind": entry.source.kind,
+        "resolves_to": entry.source.location,
+        "default": entry.is_default,
+        "offline": entry.offline,
+        "needs_conversion": entry.needs_conversion,
+    }
 
 
 def _availability(entry: CatalogEntry) -> str:
@@ -284,7 +305,7 @@ def run(
 
 def _load(options: LoadOptions) -> LoadedModel:
     with reported_errors(), _garbage_collection_paused():
-        return load_model(options, notify=stderr.print)
+        return load_model(options, notify=notify)
 
 
 @contextmanager
@@ -322,8 +343,8 @@ def _print_summary(loaded: LoadedModel) -> None:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows.items():
-        table.add_row(key, value)
-    stdout.print(table)
+        table.add_row(key, safe_text(value))
+    print_table(stdout, table)
 
 
 def _describe_source(source: ModelSource) -> str:

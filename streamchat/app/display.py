@@ -18,6 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from streamchat.app.safe_text import safe_plain, safe_text
 from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
@@ -134,7 +135,7 @@ class ChatDisplay:
     def __rich__(self) -> RenderableType:
         parts: list[RenderableType] = []
         if self.show_text and self._partial:
-            parts.append(Text(self._visible_partial()))
+            parts.append(safe_text(self._visible_partial()))
         if self._evictions.count:
             parts.append(self._eviction_line())
         if self.stats is not None:
@@ -153,7 +154,7 @@ class ChatDisplay:
         """While a reply streams: the latest forgotten text, as it goes."""
         evictions = self._evictions
         preview = last_words(" ".join(evictions.tail.split()), max(16, self.console.width - 30))
-        return Text.assemble(*_forgot(evictions.count), (f"  …{preview}", "dim"))
+        return Text.assemble(*_forgot(evictions.count), safe_text(f"  …{preview}", "dim"))
 
     # ---- text ---------------------------------------------------------------------------------
 
@@ -165,11 +166,12 @@ class ChatDisplay:
         self._partial += text
         *done, self._partial = self._partial.split("\n")
         for line in done:
-            self._print(Text(line))
-        # A long paragraph without newlines: print its wrapped lines but the last.
+            self._print(safe_text(line))
+        # A long paragraph without newlines: print its wrapped lines but the last. Neutralised
+        # first, so that a control sequence is never cut in two before it is made harmless.
         width = self.console.width
         if len(self._partial) > 4 * width:
-            wrapped = Text(self._partial).wrap(self.console, width)
+            wrapped = safe_text(self._partial).wrap(self.console, width)
             for line in wrapped[:-1]:
                 self._print(line)
             self._partial = wrapped[-1].plain
@@ -184,9 +186,9 @@ class ChatDisplay:
     def _finish_text(self) -> None:
         """Print what the reply has not printed yet (all of it, as Markdown); once per reply."""
         if self.show_text and self.markdown and self._reply.strip():
-            self.console.print(Markdown(self._reply))
+            self.console.print(Markdown(safe_plain(self._reply)))
         elif self.show_text and not self.markdown and self._partial:
-            self.console.print(Text(self._partial))
+            self.console.print(safe_text(self._partial))
         self._partial = self._reply = ""
 
     def _turn_summary(self, stats: TurnStats) -> None:
@@ -197,7 +199,7 @@ class ChatDisplay:
                 Text.assemble(
                     *_forgot(evictions.count),
                     (f" (#{evictions.first_index:,}–#{evictions.last_index:,})", "dim"),
-                    (f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
+                    safe_text(f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
                 )
             )
         self._print(Text(turn_stats_line(stats), style="dim"))
@@ -210,17 +212,17 @@ class ChatDisplay:
     # ---- outside a turn -------------------------------------------------------------------
 
     def notice(self, text: str) -> None:
-        self.console.print(Text(text, style="dim"))
+        self.console.print(safe_text(text, "dim"))
 
     def error(self, text: str) -> None:
-        self.console.print(Text.assemble(("error: ", "bold red"), text))
+        self.console.print(Text.assemble(("error: ", "bold red"), safe_text(text)))
 
     def table(self, title: str, rows: Iterable[tuple[str, str]]) -> None:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold", no_wrap=True)
         table.add_column(overflow="fold")
         for key, value in rows:
-            table.add_row(Text(key), Text(value))  # Text: model output is not Rich markup
+            table.add_row(safe_text(key), safe_text(value))  # Text: model output is not Rich markup
         self.console.print(Text(title, style="bold underline"))
         self.console.print(table)
 

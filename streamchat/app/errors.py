@@ -7,8 +7,9 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
+from streamchat.app.safe_text import safe_text
 from streamchat.errors import StreamchatError
 
 # What shells report for a process ended by Ctrl-C: 128 + SIGINT.
@@ -25,8 +26,14 @@ def reported_errors() -> Iterator[None]:
     try:
         yield
     except StreamchatError as error:
-        stderr.print(f"[bold red]error:[/] {escape(str(error))}")
+        # Messages quote what the user gave (a file name, an option's value): shown terminal-safe.
+        stderr.print(Text.assemble(("error: ", "bold red"), safe_text(str(error))))
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("interrupted")
         raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
+
+
+def notify(text: str) -> None:
+    """A one-line progress note (loading names files and models): terminal-safe, on stderr."""
+    stderr.print(safe_text(text))

@@ -23,6 +23,7 @@ from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
 from streamchat.app.display import ChatDisplay
 from streamchat.app.errors import stderr
+from streamchat.app.safe_text import safe_text
 from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 
@@ -88,7 +89,7 @@ def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptIt
         writer.write_message("system", config.system)
 
     def report(text: str) -> None:
-        stderr.print(Text.assemble(("warning: ", "yellow"), text), highlight=False)
+        stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(text)), highlight=False)
 
     return run_transcript(session, items, writer, display, report)
 

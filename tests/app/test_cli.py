@@ -80,6 +80,31 @@ def test_models_lists_every_alias_and_what_works_offline(packaged_default: Path)
     assert rows["llama-2-7b-chat"].split() == ["llama-2-7b-chat", "meta-llama/Llama-2-7b-chat-hf", "no"]
 
 
+def test_models_in_a_pipe_keep_every_row_whole_on_one_line_however_narrow(packaged_default: Path):
+    result = streamchat("models", COLUMNS="40")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(ALIASES) + 1
+    assert "llama-2-7b-chat         meta-llama/Llama-2-7b-chat-hf" in lines[1]
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_models_json_is_for_scripts(packaged_default: Path):
+    result = streamchat("models", "--json")
+    assert result.returncode == 0, result.stderr
+    records = {record["alias"]: record for record in json.loads(result.stdout)}
+    assert list(records) == list(ALIASES)
+    assert records[defaults.DEFAULT_MODEL] == {
+        "alias": defaults.DEFAULT_MODEL,
+        "kind": "gguf",
+        "resolves_to": str(packaged_default.resolve()),
+        "default": True,
+        "offline": True,
+        "needs_conversion": True,
+    }
+    assert records["llama-2-7b-chat"]["resolves_to"] == "meta-llama/Llama-2-7b-chat-hf"
+
+
 def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Path):
     first = streamchat("info")
     assert first.returncode == 0, first.stderr

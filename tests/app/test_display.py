@@ -121,3 +121,39 @@ def test_a_long_paragraph_scrolls_up_before_it_ends():
     lines = screen.file.getvalue().splitlines()
     assert lines[0].startswith("word word word")
     assert all(len(line) <= 20 for line in lines[:-2])
+
+
+HOSTILE_DELTAS = ["Look\x1b", "[2J here \x1b]52;c;aGk=", "\x07 and \u202egnp.exe\u202c\n", "second \x9b31m line"]
+
+
+def test_control_sequences_in_a_reply_are_dimmed_markers_even_when_split_across_deltas():
+    screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system="standard")
+    events = [*map(TextDelta, HOSTILE_DELTAS), TurnFinished("".join(HOSTILE_DELTAS), STATS)]
+    ChatDisplay(screen).show(iter(events))
+    output = screen.file.getvalue()
+    assert "\x1b[2J" not in output and "\x1b]" not in output and "\u202e" not in output and "\x9b" not in output
+    dim = "\x1b[2m{}\x1b[0m"
+    first_line = (
+        f"Look{dim.format('␛[2J')} here {dim.format('␛]52;c;aGk=␇')} and "
+        f"{dim.format('⟨RLO⟩')}gnp.exe{dim.format('⟨PDF⟩')}"
+    )
+    assert first_line in output
+    assert f"second {dim.format('␛[31m')} line" in output
+
+
+def test_the_live_line_eviction_previews_tables_notices_and_errors_are_terminal_safe():
+    screen, live = console(), console(width=80)
+    display = ChatDisplay(screen)
+    evicted = Evicted(count=3, first_index=10, last_index=12, text="old \x1b]0;title\x07", stats=FULL)
+    display.handle(TextDelta("partial \x1b[2J"))
+    display.handle(evicted)
+    live.print(display)
+    assert live.file.getvalue().splitlines()[:2] == ["partial ␛[2J", "⟲ forgot 3 tokens  …old ␛]0;title␇"]
+    display.show(iter([evicted, TurnFinished("", STATS)]))
+    display.notice("system prompt: \x1b[2J")
+    display.error("unknown command /\x1bc")
+    display.table("settings", [("stop", "\x1b[A")])
+    output = screen.file.getvalue()
+    assert "\x1b" not in output
+    assert "⟲ forgot 3 tokens (#10–#12)  old ␛]0;title␇" in output
+    assert "system prompt: ␛[2J" in output and "error: unknown command /␛c" in output and "stop  ␛[A" in output
