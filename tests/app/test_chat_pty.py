@@ -1,11 +1,16 @@
 """The installed console script in a real pseudo-terminal: type, watch the reply and the cache, use commands, Ctrl-C."""
 
+import io
 import json
 import os
+import re
 import sys
 
 import pexpect
 import pytest
+
+from streamchat.app.safe_text import safe_plain
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 
@@ -139,3 +144,23 @@ def test_ctrl_c_drops_an_unfinished_block_and_the_chat_goes_on(chat):
     send(chat, "/quit")
     chat.expect(r"0 turns · ")
     chat.expect(pexpect.EOF)
+
+
+def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripted_chat_model, tmp_path):
+    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    arguments = ["-m", "streamchat", "run", "--model", str(scripted_chat_model), "--temperature", "0"]
+    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
+    child.logfile_read = screen = io.StringIO()
+    send(child, "Summarise the page I pasted.")
+    child.expect(r"\d+ tokens · ")
+    send(child, "/quit")
+    child.expect(pexpect.EOF)
+    output = screen.getvalue()
+    reply = output[output.index("Summarise the page") :]
+    for piece in HOSTILE_REPLY_PIECES:
+        if not piece.isprintable():
+            assert piece not in output, f"{piece!r} reached the terminal"
+    assert "\x1b[2J" not in output and "\x1b]" not in output and "\u202e" not in output and "\x9b" not in output
+    # Every sequence shows as its marker, dimmed: the line reads as the neutralised reply.
+    assert "Look\x1b[2m␛[2J\x1b[0m csi\x1b[2m␛]52;c;aGk=␇\x1b[0m clip" in reply
+    assert safe_plain("".join(HOSTILE_REPLY_PIECES)) in re.sub(r"\x1b\[[0-9;]*m", "", reply)

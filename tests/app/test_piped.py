@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from streamchat.app.safe_text import safe_plain
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OPTIONS = ["--max-new-tokens", "6", "--temperature", "0.8", "--seed", "7", "--window", "40"]
@@ -40,7 +42,8 @@ def expected_replies(model_dir, turns, system=None):
 
 
 def text_transcript(turns, replies):
-    return "\n".join(f"USER: {turn}\n\nASSISTANT: {reply}\n" for turn, reply in zip(turns, replies, strict=True))
+    pairs = zip(turns, replies, strict=True)
+    return "\n".join(f"USER: {safe_plain(turn)}\n\nASSISTANT: {safe_plain(reply)}\n" for turn, reply in pairs)
 
 
 def test_plain_lines_give_a_byte_exact_transcript(tiny_chat_model):
@@ -103,7 +106,8 @@ def test_mt_bench_questions_as_markdown(tiny_chat_model, tmp_path):
     result = streamchat(tiny_chat_model, "--transcript", str(path), "--output-format", "markdown")
     assert result.returncode == 0, result.stderr.decode()
     replies = expected_replies(tiny_chat_model, turns)
-    expected = "\n".join(f"### User\n\n{t}\n\n### Assistant\n\n{r}\n" for t, r in zip(turns, replies, strict=True))
+    pairs = zip(turns, replies, strict=True)
+    expected = "\n".join(f"### User\n\n{safe_plain(t)}\n\n### Assistant\n\n{safe_plain(r)}\n" for t, r in pairs)
     assert result.stdout.decode() == expected
 
 
@@ -174,3 +178,20 @@ def test_ctrl_c_while_waiting_for_the_next_turn_ends_the_run_with_130(tiny_chat_
     child.close()
     assert child.exitstatus == 130
     assert "ASSISTANT" not in child.before
+
+
+def test_control_sequences_reach_text_output_as_markers_and_jsonl_exactly(scripted_chat_model):
+    reply = "".join(HOSTILE_REPLY_PIECES)
+    stdin = "Summarise \x1b]0;this\x07 page\n".encode()
+    text = streamchat(scripted_chat_model, "--temperature", "0", "--max-new-tokens", "100", stdin=stdin)
+    assert text.returncode == 0, text.stderr.decode()
+    assert text.stdout.decode() == f"USER: Summarise ␛]0;this␇ page\n\nASSISTANT: {safe_plain(reply)}\n"
+    jsonl = streamchat(
+        scripted_chat_model, "--temperature", "0", "--max-new-tokens", "100", "--output-format", "jsonl", stdin=stdin
+    )
+    written = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
+    assert [(line["role"], line["content"]) for line in written] == [
+        ("user", "Summarise \x1b]0;this\x07 page"),
+        ("assistant", reply),
+    ]
+    assert "\x1b" not in jsonl.stdout.decode() and "\u202e" not in jsonl.stdout.decode()
