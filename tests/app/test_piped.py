@@ -182,7 +182,7 @@ def test_ctrl_c_while_waiting_for_the_next_turn_ends_the_run_with_130(tiny_chat_
 
 def test_control_sequences_reach_text_output_as_markers_and_jsonl_exactly(scripted_chat_model):
     reply = "".join(HOSTILE_REPLY_PIECES)
-    stdin = "Summarise \x1b]0;this\x07 page\n".encode()
+    stdin = b"Summarise \x1b]0;this\x07 page\n"
     text = streamchat(scripted_chat_model, "--temperature", "0", "--max-new-tokens", "100", stdin=stdin)
     assert text.returncode == 0, text.stderr.decode()
     assert text.stdout.decode() == f"USER: Summarise ␛]0;this␇ page\n\nASSISTANT: {safe_plain(reply)}\n"
