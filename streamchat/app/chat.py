@@ -19,6 +19,7 @@ from typing import Any
 from streamchat.app import commands
 from streamchat.app.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
+from streamchat.app.signals import Interrupted, termination_deferred
 from streamchat.app.status import status_figures
 from streamchat.engine.events import Event, TurnFinished
 from streamchat.engine.session import ChatSession
@@ -56,7 +57,7 @@ class ChatApp:
 
     def turn(self, events: Iterator[Event]) -> None:
         try:
-            with _stop_on_interrupt(self.session), _keys_not_echoed():
+            with termination_deferred(self.session.stop), _stop_on_interrupt(self.session), _keys_not_echoed():
                 self.display.show(self._counted(events))
         except KeyboardInterrupt:
             self.display.notice("reply abandoned; rebuilding the cache from the transcript")
@@ -194,7 +195,7 @@ def _stop_on_interrupt(session: ChatSession) -> Iterator[None]:
         nonlocal presses
         presses += 1
         if presses > 1:
-            raise KeyboardInterrupt
+            raise Interrupted
         session.stop()
 
     previous = signal.signal(signal.SIGINT, on_interrupt)

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamchat import __version__, defaults
+from streamchat.app import signals
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
 from streamchat.app.errors import notify, reported_errors
 from streamchat.app.launch import load_options, run_chat
@@ -102,7 +103,12 @@ AllowPickleOption = Annotated[
 
 
 def main() -> None:
-    app()
+    """The console script: signals become exceptions, so that every way out runs the same cleanup."""
+    signals.install()
+    try:
+        app()
+    except signals.Terminated as terminated:  # outside any command's own handling (option parsing)
+        sys.exit(terminated.exit_code)
 
 
 def _show_version(requested: bool) -> None:

@@ -4,7 +4,7 @@ All turns run through one session. The transcript goes to stdout in the chosen
 format; the live cache display and eviction notes go to stderr, only when stderr is a
 terminal. A malformed line is reported on stderr and skipped; the run goes on and
 exits with the transcript error code at the end. Ctrl-C stops the current reply and
-ends the run.
+ends the run; so do SIGHUP and SIGTERM, with the transcript ending on a whole turn.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from streamchat.app.display import ChatDisplay
 from streamchat.app.errors import INTERRUPTED_EXIT_CODE
+from streamchat.app.signals import termination_deferred
 from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 from streamchat.engine.events import Event, TextDelta, TurnFinished
 from streamchat.engine.session import ChatSession
@@ -46,14 +47,17 @@ def run_transcript(
                 report(str(item.error))
                 skipped += 1
             elif isinstance(item, SystemPrompt):
-                _render(session.set_system_prompt(item.text), display)
-                if item.text:
-                    writer.write_message("system", item.text)
+                with termination_deferred(session.stop):
+                    _render(session.set_system_prompt(item.text), display)
+                    if item.text:
+                        writer.write_message("system", item.text)
             elif isinstance(item, UserTurn):
-                writer.write_message("user", item.text)
-                writer.start_reply()
-                finished = _render(_written(session.chat(item.text), writer), display)
-                writer.end_reply(_stats(finished))
+                # SIGHUP or SIGTERM stop the reply, and the run ends once the turn is written whole.
+                with termination_deferred(session.stop):
+                    writer.write_message("user", item.text)
+                    writer.start_reply()
+                    finished = _render(_written(session.chat(item.text), writer), display)
+                    writer.end_reply(_stats(finished))
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

@@ -18,6 +18,7 @@ from streamchat.cache.architectures import supported_list
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir, convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
+from tests.support.processes import in_foreground
 
 STREAMCHAT = [sys.executable, "-m", "streamchat"]
 
@@ -307,7 +308,10 @@ def test_errors_are_red_only_where_colour_is_allowed():
 
 
 def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_default: Path):
-    process = subprocess.Popen([*STREAMCHAT, "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As typed at a terminal: a runner that started the tests in the background (SIGINT ignored)
+    # would otherwise hand its ignored SIGINT down to the command, which keeps it.
+    command = in_foreground([*STREAMCHAT, "info"])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     notice = process.stderr.readline()
     assert notice.startswith("Converting"), notice
     process.send_signal(signal.SIGINT)
