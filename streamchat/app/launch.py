@@ -12,6 +12,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from streamchat.loading import LoadedModel, LoadOptions
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
+    from streamchat.engine.journal import Journal
     from streamchat.engine.session import ChatSession
 
 
@@ -60,7 +62,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
         )
     if interactive:
         return _interactive(config, loaded, session)
-    return _piped(config, session, items)
+    return _piped(config, loaded, session, items)
 
 
 def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> int:
@@ -76,11 +78,12 @@ def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -
 
     prompter = Prompter(data_dir() / "history", lambda: [key for key, _ in session.options()], toolbar)
     display.notice(_banner(config, loaded))
-    app = ChatApp(session, display, prompter, loaded.source.name, data_dir() / "sessions")
+    journal = _journal(config, loaded, display.error)
+    app = ChatApp(session, display, prompter, loaded.source.name, journal)
     return app.run()
 
 
-def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
+def _piped(config: RunConfig, loaded: LoadedModel, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
     from streamchat.app.piped import run_transcript
 
     display = ChatDisplay(stderr, show_text=False) if stderr.is_terminal else None
@@ -91,7 +94,21 @@ def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptIt
     def report(text: str) -> None:
         stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(text)), highlight=False)
 
-    return run_transcript(session, items, writer, display, report)
+    journal = _journal(config, loaded, report)
+    try:
+        return run_transcript(session, items, writer, display, report, journal)
+    finally:
+        journal.close()
+        if display is not None and journal.path is not None and journal.failure is None:
+            with suppress(OSError):  # after SIGHUP, nobody may be there to read it
+                display.notice(f"saved to {journal.path} (/load it to continue)")
+
+
+def _journal(config: RunConfig, loaded: LoadedModel, on_error: Callable[[str], None]) -> Journal:
+    from streamchat.engine.journal import Journal
+
+    cache = {"sinks": config.sinks, "window": config.window}
+    return Journal(data_dir() / "sessions", loaded.source.name, cache, on_error)
 
 
 def _first_read(items: Iterator[TranscriptItem]) -> Iterator[TranscriptItem]:

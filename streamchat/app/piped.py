@@ -18,6 +18,7 @@ from streamchat.app.errors import INTERRUPTED_EXIT_CODE
 from streamchat.app.signals import termination_deferred
 from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 from streamchat.engine.events import Event, TextDelta, TurnFinished
+from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
 
@@ -28,8 +29,9 @@ def run_transcript(
     writer: TranscriptWriter,
     display: ChatDisplay | None,
     report: Any,
+    journal: Journal,
 ) -> int:
-    """Play every turn; return the exit code. `report(text)` prints a one-line problem on stderr."""
+    """Play every turn, recorded in `journal`; return the exit code. `report(text)` prints a one-line problem."""
     skipped = 0
     interrupted = False
 
@@ -49,20 +51,33 @@ def run_transcript(
             elif isinstance(item, SystemPrompt):
                 with termination_deferred(session.stop):
                     _render(session.set_system_prompt(item.text), display)
+                    journal.record(session)
                     if item.text:
                         writer.write_message("system", item.text)
             elif isinstance(item, UserTurn):
                 # SIGHUP or SIGTERM stop the reply, and the run ends once the turn is written whole.
                 with termination_deferred(session.stop):
-                    writer.write_message("user", item.text)
-                    writer.start_reply()
-                    finished = _render(_written(session.chat(item.text), writer), display)
-                    writer.end_reply(_stats(finished))
+                    _play_turn(session, item.text, writer, display, journal)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         return INTERRUPTED_EXIT_CODE
     return TranscriptError.exit_code if skipped else 0
+
+
+def _play_turn(
+    session: ChatSession, text: str, writer: TranscriptWriter, display: ChatDisplay | None, journal: Journal
+) -> None:
+    journal.record_user(session, text)
+    finished = None
+    try:
+        writer.write_message("user", text)
+        writer.start_reply()
+        finished = _render(_written(session.chat(text), writer), display)
+    finally:
+        # Also when the turn failed (a closed pipe, an error): the reply as far as it went.
+        journal.record(session, finished.stats.stop_reason if finished else None)
+    writer.end_reply(_stats(finished))
 
 
 def _written(events: Iterator[Event], writer: TranscriptWriter) -> Iterator[Event]:

@@ -10,6 +10,7 @@ import pexpect
 import pytest
 
 from streamchat.app.safe_text import safe_plain
+from streamchat.engine.session_file import read_session
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
@@ -72,8 +73,8 @@ def test_a_conversation_with_evictions_commands_and_a_stopped_reply(chat, tmp_pa
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
-    saved = list((tmp_path / "sessions").glob("session-*.json"))
-    assert len(saved) == 1 and len(json.loads(saved[0].read_text())["messages"]) == 6
+    saved = list((tmp_path / "sessions").glob("*.jsonl"))
+    assert len(saved) == 1 and len(read_session(saved[0]).messages) == 6
 
 
 def test_ctrl_c_at_an_empty_prompt_leaves(chat):

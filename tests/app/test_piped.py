@@ -1,6 +1,8 @@
 """Transcript mode through the real console script: turns from stdin or a file, the conversation on stdout."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +12,10 @@ import pytest
 from streamchat.app.safe_text import safe_plain
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.engine.session_file import read_session
 from streamchat.engine.settings import GenerationSettings
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
+from tests.support.processes import in_foreground
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OPTIONS = ["--max-new-tokens", "6", "--temperature", "0.8", "--seed", "7", "--window", "40"]
@@ -195,3 +199,52 @@ def test_control_sequences_reach_text_output_as_markers_and_jsonl_exactly(script
         ("assistant", reply),
     ]
     assert "\x1b" not in jsonl.stdout.decode() and "\u202e" not in jsonl.stdout.decode()
+
+
+def read_at_least(process: subprocess.Popen, count: int) -> bytes:
+    """Bytes from the process's stdout, unbuffered: communicate() later reads the descriptor, not a buffer."""
+    data = b""
+    while len(data) < count:
+        data += os.read(process.stdout.fileno(), count - len(data))
+    return data
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_hangup_and_terminate_end_the_transcript_on_a_whole_turn(tiny_chat_model, tmp_path, signum, code):
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS]
+    command += ["--max-new-tokens", "100000"]
+    env = {**os.environ, "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    process = subprocess.Popen(
+        in_foreground(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    process.stdin.write(b"Tell me a very long story\nThis turn must not run\n")
+    process.stdin.flush()
+    header = b"USER: Tell me a very long story\n\nASSISTANT: "
+    streaming = read_at_least(process, len(header) + 20)  # the reply is streaming
+    assert streaming.startswith(header)
+    process.send_signal(signum)
+    rest, errors = process.communicate(timeout=60)
+    assert process.returncode == code
+    assert errors.decode() == f"stopped by {signum.name}\n"
+    # The reply ends its turn with its newline, no other turn starts, and the session file has it all.
+    (journal,) = (tmp_path / "sessions").glob("*.jsonl")
+    saved = read_session(journal)
+    assert [message["role"] for message in saved.messages] == ["user", "assistant"]
+    assert (streaming + rest).decode() == header.decode() + safe_plain(saved.messages[1]["content"]) + "\n"
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_hangup_and_terminate_while_waiting_for_the_next_turn_end_the_run_at_once(tiny_chat_model, signum, code):
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS]
+    process = subprocess.Popen(
+        in_foreground(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdin.write(b"Hello there\n")
+    process.stdin.flush()
+    written = read_at_least(process, len(b"USER: Hello there\n\nASSISTANT: "))
+    while not written.endswith(b"\n"):
+        written += read_at_least(process, 1)
+    process.send_signal(signum)  # stdin stays open: the run is waiting for a line that never comes
+    rest, errors = process.communicate(timeout=60)
+    assert (process.returncode, rest, errors.decode()) == (code, b"", f"stopped by {signum.name}\n")
+    assert written.startswith(b"USER: Hello there\n\nASSISTANT: ")
