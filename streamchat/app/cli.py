@@ -249,6 +249,17 @@ def run(
             metavar="[token|turn]",
         ),
     ] = None,
+    read_all: Annotated[
+        bool | None,
+        _run_option(
+            "A message longer than the cache holds: --read-tail reads its start and its last two windows "
+            "(the model could not see the rest anyway); --read-all streams every token, with progress. "
+            "\\[default: --read-tail]",
+            "Cache",
+            "--read-all/--read-tail",
+            metavar="",
+        ),
+    ] = None,
     max_new_tokens: Annotated[
         int | None,
         _run_option(

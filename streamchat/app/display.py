@@ -25,6 +25,8 @@ from streamchat.engine.events import (
     CacheOccupancy,
     Event,
     Evicted,
+    PromptProgress,
+    PromptSkipped,
     PromptTruncated,
     Replayed,
     TextDelta,
@@ -81,12 +83,15 @@ class ChatDisplay:
         self._partial = ""
         self._reply = ""
         self._evictions = _TurnEvictions()
+        self._reading: PromptProgress | None = None  # a long prompt being read
+        self._skipped = False  # this turn's prompt was read in part, and the user was told
 
     # ---- a turn -----------------------------------------------------------------------------
 
     def show(self, events: Iterable[Event]) -> None:
         """Render events as they come, with the live panel up while they last."""
         self._partial, self._reply, self._evictions = "", "", _TurnEvictions()
+        self._reading, self._skipped = None, False
         self.speed = 0.0
         with Live(
             self,
@@ -110,13 +115,19 @@ class ChatDisplay:
 
     def handle(self, event: Event) -> None:
         if isinstance(event, TextDelta):
+            self._reading = None
             self._add_text(event.text)
+        elif isinstance(event, PromptProgress):
+            self._reading = event if event.read_tokens < event.total_tokens else None
+        elif isinstance(event, PromptSkipped):
+            self._reading, self._skipped = None, True
+            self._print(Text(prompt_skipped_text(event), style="yellow"))
         elif isinstance(event, Evicted):
             self._evictions.add(event)
             self.stats = event.stats
         elif isinstance(event, CacheOccupancy):
             self.stats, self.speed = event.stats, event.decode_tokens_per_second
-        elif isinstance(event, PromptTruncated):
+        elif isinstance(event, PromptTruncated) and not self._skipped:
             self._print(
                 Text(
                     f"⚠ your message is {event.prompt_tokens:,} tokens, more than the cache holds: "
@@ -138,6 +149,8 @@ class ChatDisplay:
             parts.append(safe_text(self._visible_partial()))
         if self._evictions.count:
             parts.append(self._eviction_line())
+        if self._reading is not None:
+            parts.append(Text(reading_line(self._reading), style="dim"))
         if self.stats is not None:
             parts.append(self.status_line(self.stats, self.speed))
         return Group(*parts)
@@ -229,6 +242,30 @@ class ChatDisplay:
 
 def _forgot(count: int) -> tuple[tuple[str, str], ...]:
     return ("⟲ ", "yellow"), (f"forgot {count:,} token{'s' if count != 1 else ''}", "yellow")
+
+
+def prompt_skipped_text(event: PromptSkipped) -> str:
+    """What the user is told when only part of a prompt was read."""
+    if event.reason == "stopped":
+        return (
+            f"stopped reading your message after {event.read_tokens:,} of {event.prompt_tokens:,} tokens; "
+            "the model saw only that part"
+        )
+    return (
+        f"read the last {event.read_tokens:,} of {event.prompt_tokens:,} prompt tokens; the model could not have "
+        "seen the rest; --read-all streams all of it"
+    )
+
+
+def reading_line(progress: PromptProgress) -> str:
+    """A long prompt being read: "reading your message: 12,000/250,030 tokens · 640 tok/s · 6 min 12 s left"."""
+    line = f"reading your message: {progress.read_tokens:,}/{progress.total_tokens:,} tokens"
+    if progress.tokens_per_second > 0:
+        line += f" · {progress.tokens_per_second:,.0f} tok/s"
+    if progress.seconds_left is not None:
+        minutes, seconds = divmod(round(progress.seconds_left), 60)
+        line += f" · {minutes} min {seconds} s left" if minutes else f" · {seconds} s left"
+    return line + " · Ctrl-C stops"
 
 
 def turn_stats_line(stats: TurnStats) -> str:

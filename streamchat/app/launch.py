@@ -146,6 +146,7 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
         sinks=config.sinks,
         window=config.window,
         eviction=config.evict,
+        read_all=config.read_all,
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),
     )

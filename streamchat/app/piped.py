@@ -13,11 +13,11 @@ import signal
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from streamchat.app.display import ChatDisplay
+from streamchat.app.display import ChatDisplay, prompt_skipped_text
 from streamchat.app.errors import INTERRUPTED_EXIT_CODE
 from streamchat.app.signals import termination_deferred
 from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
-from streamchat.engine.events import Event, TextDelta, TurnFinished
+from streamchat.engine.events import Event, PromptSkipped, TextDelta, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
@@ -57,7 +57,7 @@ def run_transcript(
             elif isinstance(item, UserTurn):
                 # SIGHUP or SIGTERM stop the reply, and the run ends once the turn is written whole.
                 with termination_deferred(session.stop):
-                    _play_turn(session, item.text, writer, display, journal)
+                    _play_turn(session, item.text, writer, display, journal, report)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
@@ -66,18 +66,33 @@ def run_transcript(
 
 
 def _play_turn(
-    session: ChatSession, text: str, writer: TranscriptWriter, display: ChatDisplay | None, journal: Journal
+    session: ChatSession,
+    text: str,
+    writer: TranscriptWriter,
+    display: ChatDisplay | None,
+    journal: Journal,
+    report: Any,
 ) -> None:
     journal.record_user(session, text)
     finished = None
+    events = session.chat(text)
+    if display is None:  # no live display to say it: a prompt read in part is worth a warning line
+        events = _skips_reported(events, report)
     try:
         writer.write_message("user", text)
         writer.start_reply()
-        finished = _render(_written(session.chat(text), writer), display)
+        finished = _render(_written(events, writer), display)
     finally:
         # Also when the turn failed (a closed pipe, an error): the reply as far as it went.
         journal.record(session, finished.stats.stop_reason if finished else None)
     writer.end_reply(_stats(finished))
+
+
+def _skips_reported(events: Iterator[Event], report: Any) -> Iterator[Event]:
+    for event in events:
+        if isinstance(event, PromptSkipped):
+            report(prompt_skipped_text(event))
+        yield event
 
 
 def _written(events: Iterator[Event], writer: TranscriptWriter) -> Iterator[Event]:

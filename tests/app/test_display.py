@@ -4,9 +4,18 @@ import io
 
 from rich.console import Console
 
-from streamchat.app.display import ChatDisplay
+from streamchat.app.display import ChatDisplay, reading_line
 from streamchat.cache.ledger import CacheStats
-from streamchat.engine.events import CacheOccupancy, Evicted, PromptTruncated, TextDelta, TurnFinished, TurnStats
+from streamchat.engine.events import (
+    CacheOccupancy,
+    Evicted,
+    PromptProgress,
+    PromptSkipped,
+    PromptTruncated,
+    TextDelta,
+    TurnFinished,
+    TurnStats,
+)
 
 FULL = CacheStats(sinks_held=4, sink_capacity=4, window_used=40, window_capacity=40, seen=100, evicted=56)
 STATS = TurnStats(
@@ -157,3 +166,31 @@ def test_the_live_line_eviction_previews_tables_notices_and_errors_are_terminal_
     assert "\x1b" not in output
     assert "⟲ forgot 3 tokens (#10–#12)  old ␛]0;title␇" in output
     assert "system prompt: ␛[2J" in output and "error: unknown command /␛c" in output and "stop  ␛[A" in output
+
+
+def test_a_long_prompt_read_in_part_gets_one_notice_and_its_progress_shows_in_the_live_area():
+    screen, live = console(width=200), console(width=200)
+    display = ChatDisplay(screen)
+    display.handle(PromptSkipped(250_030, 4_004, "too_long"))
+    display.handle(PromptTruncated(prompt_tokens=250_030, visible_tokens=2_004))  # already said
+    display.handle(PromptProgress(2_000, 4_004, 500.0))
+    live.print(display)
+    assert screen.file.getvalue() == (
+        "read the last 4,004 of 250,030 prompt tokens; the model could not have seen the rest; "
+        "--read-all streams all of it\n"
+    )
+    assert live.file.getvalue() == "reading your message: 2,000/4,004 tokens · 500 tok/s · 4 s left · Ctrl-C stops\n"
+    display.handle(PromptProgress(4_000, 250_030, 400.0))
+    assert reading_line(display._reading) == (
+        "reading your message: 4,000/250,030 tokens · 400 tok/s · 10 min 15 s left · Ctrl-C stops"
+    )
+    display.handle(TextDelta("The"))  # the reply starts: the read is over
+    assert display._reading is None
+
+
+def test_a_read_stopped_by_ctrl_c_says_how_much_the_model_saw():
+    screen = console(width=200)
+    ChatDisplay(screen).show(iter([PromptSkipped(9_000, 1_024, "stopped"), TurnFinished("", STATS)]))
+    assert screen.file.getvalue().splitlines()[0] == (
+        "stopped reading your message after 1,024 of 9,000 tokens; the model saw only that part"
+    )
