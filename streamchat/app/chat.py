@@ -9,7 +9,6 @@ line, the journal records what changed, so the session file is never behind.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from streamchat.app.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
 from streamchat.app.signals import Interrupted, termination_deferred
 from streamchat.app.status import first_words, status_figures
+from streamchat.app.typeahead import keys_held
 from streamchat.engine.events import Event, StopReason, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
@@ -68,7 +68,7 @@ class ChatApp:
 
     def turn(self, events: Iterator[Event]) -> None:
         try:
-            with termination_deferred(self.session.stop), _stop_on_interrupt(self.session), _keys_not_echoed():
+            with termination_deferred(self.session.stop), _stop_on_interrupt(self.session), keys_held():
                 self.display.show(self._counted(events))
         except KeyboardInterrupt:
             self.display.notice("reply abandoned; rebuilding the cache from the transcript")
@@ -191,26 +191,6 @@ class ChatApp:
         # After SIGHUP the terminal may be gone: the session file is written, and that is what matters.
         with suppress(OSError):
             self.display.notice(line)
-
-
-@contextmanager
-def _keys_not_echoed() -> Iterator[None]:
-    """Keys typed while a reply streams wait for the next prompt instead of landing in the reply."""
-    try:
-        import termios
-
-        descriptor = sys.stdin.fileno()
-        saved = termios.tcgetattr(descriptor)
-    except (ImportError, OSError, ValueError):  # not a terminal, or not POSIX
-        yield
-        return
-    quiet = list(saved)
-    quiet[3] &= ~termios.ECHO
-    termios.tcsetattr(descriptor, termios.TCSANOW, quiet)
-    try:
-        yield
-    finally:
-        termios.tcsetattr(descriptor, termios.TCSANOW, saved)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from streamchat.app.display import ChatDisplay
 from streamchat.app.errors import stderr
 from streamchat.app.safe_text import safe_text
 from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
+from streamchat.app.typeahead import keys_held
 from streamchat.loading import LoadedModel, LoadOptions
 
 if TYPE_CHECKING:
@@ -51,8 +52,10 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
     # Opened and read up to its first item before the model loads, so that a missing, empty or
     # binary transcript fails at once; the rest is read as the turns run (stdin may be a live pipe).
     items = None if interactive else _first_read(_transcript_items(config))
-    loaded = load(load_options(config))
-    session = _session(config, loaded)
+    # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
+    with keys_held() if interactive else nullcontext():
+        loaded = load(load_options(config))
+        session = _session(config, loaded)
     if loaded.max_context and config.sinks + config.window > loaded.max_context:
         stderr.print(
             f"[yellow]warning:[/] a cache of {config.sinks + config.window:,} tokens is longer than the "

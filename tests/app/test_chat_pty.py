@@ -11,6 +11,7 @@ import pytest
 
 from streamchat.app.safe_text import safe_plain
 from streamchat.engine.session_file import read_session
+from tests.support.gguf_files import write_tiny_gguf
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
@@ -165,3 +166,23 @@ def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripte
     # Every sequence shows as its marker, dimmed: the line reads as the neutralised reply.
     assert "Look\x1b[2m␛[2J\x1b[0m csi\x1b[2m␛]52;c;aGk=␇\x1b[0m clip" in reply
     assert safe_plain("".join(HOSTILE_REPLY_PIECES)) in re.sub(r"\x1b\[[0-9;]*m", "", reply)
+
+
+def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unechoed(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # converted on first use: a load that takes a while
+    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    arguments = ["-m", "streamchat", "run", "--model", str(gguf), "--max-new-tokens", "3"]
+    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child.expect_exact("Converting")
+    # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
+    pasted = "x" * 4200 + " the end"
+    child.send("//" + pasted)  # "//" sends it as a message starting with "/"
+    child.expect_exact("streamchat 0.1.0")
+    assert "xxxx" not in child.before  # not echoed into the output while loading
+    child.expect_exact("›")
+    child.send("\r")
+    child.expect_exact("3 tokens ·")
+    send(child, "/quit")
+    child.expect(pexpect.EOF)
+    (journal,) = (tmp_path / "sessions").glob("*.jsonl")
+    assert read_session(journal).messages[0]["content"] == "/" + pasted
