@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,46 @@ def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_de
     # Neither a converted copy nor a partial one: at most the empty folder for this file.
     cache = Path(os.environ["STREAMCHAT_CACHE_DIR"])
     assert [path for path in cache.rglob("*") if path.is_file() or path.name.startswith(".partial")] == []
+
+
+def test_sessions_lists_saved_conversations_newest_first_for_people_and_scripts(tmp_path: Path):
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    old = sessions / "session-20240101-000000.json"
+    old.write_text(
+        json.dumps(
+            {
+                "format": "streamchat-session",
+                "version": 1,
+                "model": "smollm2-135m",
+                "messages": [{"role": "user", "content": "An old question"}, {"role": "assistant", "content": "Hi"}],
+            }
+        )
+    )
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    journal = sessions / "20250101-120000-abcdef.jsonl"
+    journal.write_text(
+        '{"format": "streamchat-session", "version": 2, "model": "qwen", "created": "2025-01-01T12:00:00+00:00"}\n'
+        '{"type": "user", "content": "Summarise\\u001b[2J this log, please: it is long"}\n'
+        '{"type": "reply", "content": "It says hello.", "stop_reason": "eos"}\n'
+        '{"type": "user", "content": "And then?"}\n'
+    )
+    listed = streamchat("sessions", STREAMCHAT_DATA_DIR=str(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == ["when", "model", "turns", "first", "message", "file"]
+    rows = [line.split(maxsplit=4) for line in listed.stdout.splitlines()]
+    assert [row[2:4] for row in rows[1:]] == [["qwen", "2"], ["smollm2-135m", "1"]]
+    assert "Summarise␛[2J this log, please: it is long" in rows[1][4] and rows[1][4].endswith(str(journal))
+    assert " ".join(rows[2][0:2]) == f"{datetime.fromtimestamp(1_700_000_000):%Y-%m-%d %H:%M}"
+    assert rows[2][4].startswith("An old question")
+
+    records = json.loads(streamchat("sessions", "--json", STREAMCHAT_DATA_DIR=str(tmp_path)).stdout)
+    assert [(record["path"], record["model"], record["turns"]) for record in records] == [
+        (str(journal), "qwen", 2),
+        (str(old), "smollm2-135m", 1),
+    ]
+    assert records[0]["first_message"] == "Summarise\x1b[2J this log, please: it is long"
+
+    empty = streamchat("sessions", STREAMCHAT_DATA_DIR=str(tmp_path / "nothing"))
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr == f"no saved sessions in {tmp_path / 'nothing' / 'sessions'}\n"
