@@ -22,7 +22,7 @@ from streamchat.app.signals import Interrupted, termination_deferred
 from streamchat.app.status import first_words, status_figures
 from streamchat.app.typeahead import keys_held
 from streamchat.engine.events import Event, StopReason, TurnFinished
-from streamchat.engine.journal import Journal
+from streamchat.engine.journal import Journal, claim_journal, release_journal
 from streamchat.engine.session import ChatSession
 from streamchat.engine.session_file import JOURNAL_VERSION, read_session
 from streamchat.errors import CommandError, StreamchatError
@@ -166,13 +166,22 @@ class ChatApp:
 
     def load(self, path: Path) -> None:
         """Replace the conversation with a saved one; a journal is resumed, so the conversation goes on in it."""
-        saved = read_session(path)  # a bad file changes nothing
+        saved = read_session(path)
         current = self.journal.path
-        if saved.version == JOURNAL_VERSION and not (current and current.resolve() == path.resolve()):
-            self.journal.resume(path, saved)
+        is_current = current is not None and current.resolve() == path.resolve()
+        # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
+        claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
+        try:
+            replay = self.session.load(path)
+        except BaseException:
+            if claimed is not None:
+                release_journal(claimed)
+            raise
+        if claimed is not None:
+            self.journal.resume(path, saved, claimed)
         elif saved.version != JOURNAL_VERSION:
             self.journal.new_conversation()  # an old JSON file: the conversation goes on in a new journal
-        self.turn(self.session.load(path))
+        self.turn(replay)
         if saved.unanswered is not None:
             self.display.notice(
                 "the last message in that session never got its reply (the session ended first), so it was "

@@ -228,7 +228,7 @@ class ChatDisplay:
         self.console.print(safe_text(text, "dim"))
 
     def error(self, text: str) -> None:
-        self.console.print(Text.assemble(("error: ", "bold red"), safe_text(text)))
+        self.console.print(Text.assemble(("error:", "bold red"), " ", safe_text(text)))
 
     def table(self, title: str, rows: Iterable[tuple[str, str]]) -> None:
         table = Table.grid(padding=(0, 2))

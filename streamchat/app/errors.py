@@ -28,7 +28,7 @@ def reported_errors() -> Iterator[None]:
         yield
     except StreamchatError as error:
         # Messages quote what the user gave (a file name, an option's value): shown terminal-safe.
-        stderr.print(Text.assemble(("error: ", "bold red"), safe_text(str(error))))
+        stderr.print(Text.assemble(("error:", "bold red"), " ", safe_text(str(error))))
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt:
         _last_words("interrupted")

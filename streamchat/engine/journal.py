@@ -86,12 +86,13 @@ class Journal:
         self.close()
         self.path, self.failure, self._messages = None, None, []
 
-    def resume(self, path: Path, saved: SavedSession) -> None:
+    def resume(self, path: Path, saved: SavedSession, descriptor: int | None = None) -> None:
         """Append to the journal at `path` from now on: the conversation `saved` was read from it.
 
-        SessionFileError when it cannot be written (another streamchat holds it); then nothing changes.
+        `descriptor` is what claim_journal(path) returned, else it is claimed here: SessionFileError when
+        another streamchat holds the file, and then nothing changes.
         """
-        descriptor = _open_for_appending(path)
+        descriptor = claim_journal(path) if descriptor is None else descriptor
         self.close()
         self.path, self.failure, self._descriptor = path, None, descriptor
         unanswered = [{"role": "user", "content": saved.unanswered}] if saved.unanswered is not None else []
@@ -172,6 +173,19 @@ class Journal:
         if self._descriptor is None:
             raise OSError("the session file is closed")
         _write_line(self._descriptor, {**record, "at": _now()})
+
+
+def claim_journal(path: Path) -> int:
+    """The journal at `path`, opened for appending and locked, to resume (release_journal() gives it back).
+
+    SessionFileError when it cannot be written, or another streamchat is writing it.
+    """
+    return _open_for_appending(path)
+
+
+def release_journal(descriptor: int) -> None:
+    """Give back a claimed journal that is not resumed after all."""
+    os.close(descriptor)
 
 
 def _open_for_appending(path: Path, create: bool = False) -> int:

@@ -148,8 +148,14 @@ def test_ctrl_c_drops_an_unfinished_block_and_the_chat_goes_on(chat):
     chat.expect(pexpect.EOF)
 
 
+def terminal_env(data_dir):
+    """The environment of a terminal of the pty's own size (pytest-xdist workers set COLUMNS=80)."""
+    inherited = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    return {**inherited, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(data_dir)}
+
+
 def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripted_chat_model, tmp_path):
-    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    env = terminal_env(tmp_path)  # the reply's line, whole on one screen line
     arguments = ["-m", "streamchat", "run", "--model", str(scripted_chat_model), "--temperature", "0"]
     child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
     child.logfile_read = screen = io.StringIO()

@@ -29,7 +29,10 @@ def console_script() -> list[str]:
 
 
 def spawn(model: Path, data_dir: Path, *options: str) -> pexpect.spawn:
-    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(data_dir)}
+    # A terminal of the pty's own width, so that a session file's path stays on one line (pytest-xdist
+    # workers set COLUMNS=80, which a child would take over the pty's size).
+    inherited = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    env = {**inherited, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(data_dir)}
     command = in_foreground([*console_script(), "run", "--model", str(model), "--temperature", "0", *options])
     child = pexpect.spawn(command[0], command[1:], env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
     child.expect_exact("streamchat 0.1.0")
