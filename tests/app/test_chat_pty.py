@@ -192,3 +192,21 @@ def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unech
     child.expect(pexpect.EOF)
     (journal,) = (tmp_path / "sessions").glob("*.jsonl")
     assert read_session(journal).messages[0]["content"] == "/" + pasted
+
+
+def test_a_long_message_read_whole_shows_its_progress_and_ctrl_c_stops_the_read(tiny_chat_model, tmp_path):
+    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), "--read-all", "--window", "40"]
+    arguments += ["--max-new-tokens", "5", "--temperature", "0"]
+    child = pexpect.spawn(
+        sys.executable, arguments, env=terminal_env(tmp_path), dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8"
+    )
+    send(child, "lorem ipsum dolor " * 1500)  # about 9,000 tokens, read 40 at a time
+    child.expect(r"reading your message: [\d,]+/[\d,]+ tokens · [\d,]+ tok/s · (\d+ min )?\d+ s left · Ctrl-C stops")
+    child.sendintr()
+    child.expect(r"stopped reading your message after [\d,]+ of [\d,]+ tokens; the model saw only that part")
+    child.expect_exact("0 tokens ·")
+    send(child, "Are you still there?")
+    child.expect_exact("5 tokens ·")
+    send(child, "/quit")
+    child.expect(r"2 turns · ")
+    child.expect(pexpect.EOF)

@@ -248,3 +248,19 @@ def test_hangup_and_terminate_while_waiting_for_the_next_turn_end_the_run_at_onc
     rest, errors = process.communicate(timeout=60)
     assert (process.returncode, rest, errors.decode()) == (code, b"", f"stopped by {signum.name}\n")
     assert written.startswith(b"USER: Hello there\n\nASSISTANT: ")
+
+
+def test_a_prompt_longer_than_the_cache_is_read_from_its_tail_with_a_warning(tiny_chat_model):
+    line = "lorem ipsum dolor " * 2000  # one line, about 12,000 tokens: 150 windows of 40
+    result = streamchat(tiny_chat_model, "--output-format", "jsonl", stdin=line.encode() + b"\n")
+    assert result.returncode == 0, result.stderr.decode()
+    reply = [json.loads(record) for record in result.stdout.decode().splitlines()][1]
+    # Read: the 4 sinks and the last two windows of 40, and nothing of the middle.
+    assert reply["stats"]["prompt_tokens"] == 4 + 2 * 40
+    warning = result.stderr.decode()
+    assert warning.startswith("warning: read the last 84 of ") and warning.endswith(
+        " prompt tokens; the model could not have seen the rest; --read-all streams all of it\n"
+    )
+    read_all = streamchat(tiny_chat_model, "--read-all", "--output-format", "jsonl", stdin=line[:2000].encode())
+    assert read_all.returncode == 0 and read_all.stderr == b""
+    assert [json.loads(record) for record in read_all.stdout.decode().splitlines()][1]["stats"]["prompt_tokens"] > 84
