@@ -24,13 +24,13 @@ from streamchat.app import signals
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
 from streamchat.app.errors import notify, reported_errors, stderr
 from streamchat.app.launch import data_dir, load_options, run_chat
+from streamchat.app.listings import catalog_record, models_table, session_record, sessions_table
 from streamchat.app.safe_text import safe_text
-from streamchat.app.status import first_words
 from streamchat.app.tables import print_table
 from streamchat.bench.commands import bench_app
-from streamchat.engine.session_file import SessionSummary
+from streamchat.engine.session_file import list_sessions
 from streamchat.loading import LoadedModel, LoadOptions, load_model
-from streamchat.loading.catalog import CatalogEntry, model_catalog
+from streamchat.loading.catalog import model_catalog
 from streamchat.loading.device import DEVICE_MAPS
 from streamchat.loading.resolve import ModelSource
 
@@ -43,8 +43,6 @@ app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 stdout = Console(highlight=False, emoji=False)
-# Characters of a session's first message that `streamchat sessions` shows.
-FIRST_MESSAGE_PREVIEW = 60
 
 RUN_EPILOG = (
     "Every option can also be set in the config file "
@@ -140,73 +138,24 @@ def models(as_json: JsonOption = False) -> None:
     with reported_errors():
         entries = model_catalog()
     if as_json:
-        typer.echo(json.dumps([_catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
-        return
-    table = Table(box=None, pad_edge=False)
-    table.add_column("alias", no_wrap=True)
-    # Folded, not cut: a path or hub id is useless with its end replaced by an ellipsis.
-    table.add_column("resolves to", overflow="fold")
-    table.add_column("offline")
-    for entry in entries:
-        alias = Text.assemble(entry.alias, (" (default)", "dim")) if entry.is_default else Text(entry.alias)
-        table.add_row(alias, safe_text(entry.source.location), _availability(entry))
-    print_table(stdout, table)
-
-
-def _catalog_record(entry: CatalogEntry) -> dict[str, object]:
-    return {
-        "alias": entry.alias,
-        "kind": entry.source.kind,
-        "resolves_to": entry.source.location,
-        "default": entry.is_default,
-        "offline": entry.offline,
-        "needs_conversion": entry.needs_conversion,
-    }
+        typer.echo(json.dumps([catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
+    else:
+        print_table(stdout, models_table(entries))
 
 
 @app.command()
 def sessions(as_json: JsonOption = False) -> None:
     """List the saved sessions, newest first: when, model, turns and the first message (`/load FILE` resumes one)."""
-    from streamchat.engine.session_file import list_sessions
-
-    summaries, problems = list_sessions(data_dir() / "sessions")
+    directory = data_dir() / "sessions"
+    summaries, problems = list_sessions(directory)
     for problem in problems:
         stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(problem)))
     if as_json:
-        typer.echo(json.dumps([_session_record(summary) for summary in summaries], indent=2, ensure_ascii=False))
-        return
-    if not summaries:
-        stderr.print(f"no saved sessions in {data_dir() / 'sessions'}")
-        return
-    table = Table(box=None, pad_edge=False)
-    for header in ("when", "model", "turns", "first message", "file"):
-        table.add_column(header, no_wrap=True, justify="right" if header == "turns" else "left")
-    for summary in summaries:
-        first = first_words(" ".join((summary.first_message or "").split()), FIRST_MESSAGE_PREVIEW)
-        table.add_row(
-            f"{summary.updated:%Y-%m-%d %H:%M}",
-            safe_text(summary.model or "?"),
-            f"{summary.turns:,}",
-            safe_text(first + ("…" if len(first) < len(summary.first_message or "") else "")),
-            safe_text(str(summary.path)),
-        )
-    print_table(stdout, table)
-
-
-def _session_record(summary: SessionSummary) -> dict[str, object]:
-    return {
-        "path": str(summary.path),
-        "updated": summary.updated.isoformat(timespec="seconds"),
-        "model": summary.model,
-        "turns": summary.turns,
-        "first_message": summary.first_message,
-    }
-
-
-def _availability(entry: CatalogEntry) -> str:
-    if entry.source.kind == "gguf":
-        return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
-    return "yes, in the Hugging Face cache" if entry.offline else "no"
+        typer.echo(json.dumps([session_record(summary) for summary in summaries], indent=2, ensure_ascii=False))
+    elif summaries:
+        print_table(stdout, sessions_table(summaries))
+    else:
+        stderr.print(Text(f"no saved sessions in {directory}"))
 
 
 @app.command()
