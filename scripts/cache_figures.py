@@ -4,6 +4,7 @@
     .venv/bin/python scripts/cache_figures.py drift          # 1,000,000 synthetic tokens, bf16 and fp16
     .venv/bin/python scripts/cache_figures.py architectures  # every supported model type vs the reference
     .venv/bin/python scripts/cache_figures.py architectures llama:yarn gemma2
+    .venv/bin/python scripts/cache_figures.py snapshot       # /regen's bytes per turn, Llama-2-7B at 4+2000
 
 Run from a clone, after `python3 scripts/bootstrap.py test` set up .venv: it reuses the
 tests' own players and tiny models (tests/cache, tests/support).
@@ -51,10 +52,38 @@ def architectures(names: list[str]) -> None:
         print(f"{name:16} fp32 max|dlogit| {worst:.2e}   bf16 top-1 agreement {agreement:.2%}", flush=True)
 
 
+def snapshot() -> None:
+    """Bytes /regen keeps per turn, before (a host copy of the whole cache) and now (what the reply can write).
+
+    Measured on Llama-2-7B's shapes with 2 of its 32 layers (every layer holds the same),
+    random weights, bfloat16, a full 4 + 2000 cache, the default 512-token replies.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from streamchat import defaults
+    from streamchat.bench.models import random_config
+    from streamchat.cache import SinkCache, prefill_chunks
+    from streamchat.cache.snapshots import ReplySnapshot
+
+    config = random_config("llama-2-7b")
+    layers, config.num_hidden_layers = config.num_hidden_layers, 2
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    cache = SinkCache.for_model(model, defaults.SINKS, defaults.WINDOW)
+    ids = torch.randint(3, config.vocab_size, (1, defaults.SINKS + defaults.WINDOW + 100))
+    for _ in prefill_chunks(model, cache, ids, defaults.PREFILL_CHUNK):
+        pass
+    # Before: the keys and values of all sinks + window slots, and both copies of the sinks, per layer.
+    slot_bytes = sum((layer.keys.nbytes + layer.values.nbytes) / layer.slots for layer in cache.layers)
+    whole = slot_bytes * cache.capacity + sum(2 * layer.pristine_sinks.nbytes for layer in cache.layers)
+    reply = ReplySnapshot.take(cache, defaults.MAX_NEW_TOKENS + 2)  # a reply, then its end of turn
+    scale = layers / config.num_hidden_layers
+    saved = reply.slots.numel()
+    print(f"before: {whole * scale / 2**20:,.0f} MiB copied to host memory per turn (the whole cache)")
+    print(f"now:    {reply.nbytes * scale / 2**20:,.0f} MiB kept on the device per turn ({saved} of 2,005 slots)")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("drift", "architectures"):
+    commands = {"drift": drift, "architectures": lambda: architectures(sys.argv[2:]), "snapshot": snapshot}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(__doc__)
-    if sys.argv[1] == "drift":
-        drift()
-    else:
-        architectures(sys.argv[2:])
+    commands[sys.argv[1]]()

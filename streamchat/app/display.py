@@ -23,6 +23,8 @@ from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
+    Compiled,
+    Compiling,
     Event,
     Evicted,
     PromptProgress,
@@ -140,6 +142,12 @@ class ChatDisplay:
             self._turn_summary(event.stats)
         elif isinstance(event, Replayed):
             self._print(Text(f"replayed {event.messages} messages ({event.tokens:,} tokens)", style="dim"))
+        elif isinstance(event, Compiling):
+            self._print(Text("compiling the decode step (once per start; later starts reuse the cache)…", style="dim"))
+            if self._live is not None:
+                self._live.refresh()  # the compile blocks: show the notice before it starts
+        elif isinstance(event, Compiled):
+            self._print(Text(f"decode step compiled in {event.seconds:.1f} s", style="dim"))
 
     # ---- what the live area shows -----------------------------------------------------------
 

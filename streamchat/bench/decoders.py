@@ -5,8 +5,8 @@ _feed): sample the next token from the last logits with the session's Sampler, t
 feed it in one forward pass that keeps only the last position's logits. Only the
 cache differs:
 
-- StreamingDecoder: the sink cache, exactly the engine's call after evicting for one token
-  (`streamchat.cache.feeding.forward`);
+- StreamingDecoder: the sink cache, through the engine's own token loop
+  (`streamchat.engine.decoder.Decoder`: draw, feed, read back);
 - DenseDecoder: a DynamicCache (transformers' default) holding a fixed number of tokens;
 - RecomputeDecoder: no cache, each token re-reads the last `fill` tokens in one forward pass.
 
@@ -23,12 +23,12 @@ from transformers import DynamicCache
 
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
-from streamchat.cache.feeding import forward
+from streamchat.engine.decoder import Decoder
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.settings import GenerationSettings
 
 
-class Decoder(Protocol):
+class PolicyDecoder(Protocol):
     def step(self) -> None: ...
 
     def rewind(self) -> None: ...
@@ -54,9 +54,18 @@ class _Sampling:
 
 
 class StreamingDecoder(_Sampling):
-    def __init__(self, model: Any, sinks: int, window: int, settings: GenerationSettings, seed: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sinks: int,
+        window: int,
+        settings: GenerationSettings,
+        seed: int,
+        compile_backend: str | None = None,
+    ) -> None:
         super().__init__(model, settings, seed)
         self.cache = SinkCache.for_model(model, sinks, window)
+        self.decoder = Decoder(model, self.cache, compile_backend)
 
     @property
     def fill(self) -> int:
@@ -70,11 +79,10 @@ class StreamingDecoder(_Sampling):
         """Stream ids [1, n] through the cache in prefill chunks, as the engine feeds a prompt."""
         for _, logits in prefill_chunks(self.model, self.cache, input_ids, defaults.PREFILL_CHUNK):
             self.logits = logits
+        self.decoder.start(self.logits, self.settings, self.sampler)
 
     def step(self) -> None:
-        input_ids = self.next_input()
-        self.cache.evict_for_space(1)
-        self.logits = forward(self.model, self.cache, input_ids)
+        self.decoder.next()
 
 
 class DenseDecoder(_Sampling):

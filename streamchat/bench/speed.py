@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from streamchat import defaults
-from streamchat.bench.decoders import Decoder, DenseDecoder, RecomputeDecoder, StreamingDecoder
+from streamchat.bench.decoders import DenseDecoder, PolicyDecoder, RecomputeDecoder, StreamingDecoder
 from streamchat.bench.memory import MemoryProbe, memory_probe
 from streamchat.bench.report import Check, Column, Row
 from streamchat.engine.settings import GenerationSettings
@@ -109,7 +109,7 @@ def run_speed(
     streaming = StreamingDecoder(model, sizes.sinks, sizes.window, settings, STREAM_SEED)
     dense = DenseDecoder(model, settings, STREAM_SEED)
     recompute = RecomputeDecoder(model, settings, STREAM_SEED)
-    decoders: dict[str, Decoder] = {"streaming": streaming, "dense": dense, "recompute": recompute}
+    decoders: dict[str, PolicyDecoder] = {"streaming": streaming, "dense": dense, "recompute": recompute}
     stream = _random_stream(model, sizes.checkpoints[-1], device)
     measurements = []
     with torch.inference_mode():
@@ -139,7 +139,7 @@ def _stream_to(streaming: StreamingDecoder, stream: torch.Tensor, checkpoint: in
 
 
 def _time_steps(
-    decoders: dict[str, Decoder], steps: int, probe: MemoryProbe, device: torch.device
+    decoders: dict[str, PolicyDecoder], steps: int, probe: MemoryProbe, device: torch.device
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Median latency and peak memory of `steps` decode steps per policy, the policies taking turns."""
     names = list(decoders)

@@ -10,21 +10,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from streamchat.cache.feeding import prefill, prefill_chunks
+    from streamchat.cache.feeding import forward, prefill_chunks
     from streamchat.cache.ledger import CacheStats, Eviction
-    from streamchat.cache.sink_cache import LayerSpec, SinkCache, layer_specs
+    from streamchat.cache.sink_cache import LayerSpec, SinkCache, StepInputs, layer_specs
 
 _HOMES = {
     "CacheStats": "ledger",
     "Eviction": "ledger",
-    "prefill": "feeding",
+    "forward": "feeding",
     "prefill_chunks": "feeding",
     "LayerSpec": "sink_cache",
     "SinkCache": "sink_cache",
+    "StepInputs": "sink_cache",
     "layer_specs": "sink_cache",
 }
 
-__all__ = ["CacheStats", "Eviction", "LayerSpec", "SinkCache", "layer_specs", "prefill", "prefill_chunks"]
+__all__ = ["CacheStats", "Eviction", "LayerSpec", "SinkCache", "StepInputs", "forward", "layer_specs", "prefill_chunks"]
 
 
 def __getattr__(name: str) -> Any:

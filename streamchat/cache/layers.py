@@ -1,8 +1,10 @@
 """Per-layer storage of the sink cache, as transformers cache layers.
 
 Each layer allocates its whole capacity once, on its first update, and then only
-writes into it. The ledgers (ledger.py) decide every slot; layers carry out their
-steps, so all layers stay in lockstep.
+writes into it; slots never move. The ledgers (ledger.py) decide every slot; layers
+carry out their steps, so all layers stay in lockstep. A step comes in one of two
+forms: a plan in Python ints (any number of tokens, eager), or a decode step whose
+slot and rotation are device tensors (one token, fixed shapes: compilable).
 """
 
 from __future__ import annotations
@@ -19,14 +21,10 @@ from streamchat.cache.rope import RotaryTable
 class _RingLayer(CacheLayerMixin):
     """Storage shared by both layer kinds: keys and values [batch, kv_heads, slots, head_dim]."""
 
-    # What snapshot() saves and restore() puts back.
-    _state = ("keys", "values", "is_initialized", "steps")
-
     def __init__(self, slots: int, rotary: RotaryTable) -> None:
         super().__init__()
         self.slots = slots
         self.rotary = rotary
-        self.steps = 0  # forward passes written, checked against the cache's count
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, key_dim = key_states.shape
@@ -34,33 +32,28 @@ class _RingLayer(CacheLayerMixin):
         self.values = value_states.new_zeros(batch, heads, self.slots, value_states.shape[-1])
         self.device = key_states.device
         self.is_initialized = True
+        # The compiled decode step writes into these in place: CUDA graphs must see fixed addresses.
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
 
     def update(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("sink cache layers are written through SinkCache.update")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        raise NotImplementedError("mask sizes come from SinkCache.get_mask_sizes")
+        raise NotImplementedError("the sink cache hands its masks to the model (SinkCache.begin_step)")
 
     def get_seq_length(self) -> int:
-        raise NotImplementedError("positions come from SinkCache.get_seq_length")
+        raise NotImplementedError("positions come from SinkCache.begin_step")
 
     def get_max_length(self) -> int:
         return self.slots
 
     def reset(self) -> None:
-        self.keys = self.values = None
-        self.is_initialized = False
-        self.steps = 0
+        # The storage stays: slots are found through the cache's masks, never by their content.
+        pass
 
-    def snapshot(self) -> dict[str, Any]:
-        # Kept in host memory: a copy on the accelerator would double the cache's footprint there.
-        return {name: _copied(getattr(self, name), "cpu") for name in self._state}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, _copied(value, self.device))
-
-    def _write_runs(self, base: int, runs: tuple[Run, ...], keys: torch.Tensor, values: torch.Tensor) -> None:
+    def write_runs(self, base: int, runs: tuple[Run, ...], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy keys/values [batch, heads, n, dim], in order, into the slot runs (offset by `base`)."""
         taken = 0
         for start, stop in runs:
@@ -69,20 +62,28 @@ class _RingLayer(CacheLayerMixin):
             self.values[:, :, base + start : base + stop] = values[:, :, taken : taken + count]
             taken += count
 
-    def _roll(self, start: int, stop: int, by: int) -> None:
-        """Roll slots [start, stop) left by `by`, so the oldest token lands at `start`."""
-        for states in (self.keys, self.values):
-            region = states[:, :, start:stop]
-            region.copy_(region.roll(-by, dims=2))
+    def write_slot(self, slot: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write one token [batch, heads, 1, dim] at `slot`, a one-element index tensor."""
+        self.keys.index_copy_(2, slot, key_states)
+        self.values.index_copy_(2, slot, value_states)
 
-    def _rotate_slots(self, start: int, stop: int, shift: int) -> None:
+    def rotate_slots(self, start: int, stop: int, shift: int) -> None:
         """Move the keys in slots [start, stop) by `shift` positions (one rounding)."""
         rotary = self.keys[:, :, start:stop, : self.rotary.rotary_dim]
         rotary.copy_(self.rotary.rotate(rotary, shift))
 
+    def read_slots(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values in the slots `index` [n]."""
+        return self.keys.index_select(2, index), self.values.index_select(2, index)
+
+    def write_back(self, index: torch.Tensor, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+        keys, values = saved
+        self.keys.index_copy_(2, index, keys)
+        self.values.index_copy_(2, index, values)
+
 
 class SinkLayer(_RingLayer):
-    """A full-attention layer: `sinks` slots kept forever, then a ring of `window` slots.
+    """A full-attention layer: `sinks` slots kept forever, then a ring of `window + 1` slots.
 
     The sink keys are kept twice: as received (pristine, float32) and rotated by the
     current sink shift into the storage, always from the pristine copy, so they are
@@ -90,16 +91,12 @@ class SinkLayer(_RingLayer):
     """
 
     is_sliding = False
-    _state = (*_RingLayer._state, "pristine_sinks", "sink_partners", "sink_shift", "sinks_written")
 
-    def __init__(self, sinks: int, window: int, rotary: RotaryTable) -> None:
-        super().__init__(sinks + window, rotary)
+    def __init__(self, sinks: int, ring_slots: int, rotary: RotaryTable) -> None:
+        super().__init__(sinks + ring_slots, rotary)
         self.sinks = sinks
-        self.window = window
         self.pristine_sinks: torch.Tensor | None = None
         self.sink_partners: torch.Tensor | None = None
-        self.sink_shift = 0
-        self.sinks_written = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -109,45 +106,49 @@ class SinkLayer(_RingLayer):
         self.sink_partners = torch.zeros(shape, dtype=torch.float32, device=self.device)
 
     def apply(
-        self, step: SinkStep, key_states: torch.Tensor, value_states: torch.Tensor
+        self,
+        step: SinkStep,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        rotation: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Carry out an eager step; `rotation` (cos, sin) places the sinks, None leaves them."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         first, last = step.sink_slots
         to_sinks = last - first
         if to_sinks:
-            self._write_runs(0, (step.sink_slots,), key_states, value_states)
+            self.write_runs(0, (step.sink_slots,), key_states, value_states)
             pristine = key_states[:, :, :to_sinks, : self.rotary.rotary_dim].float()
             self.pristine_sinks[:, :, first:last] = pristine
             self.sink_partners[:, :, first:last] = self.rotary.partner(pristine)
-            self.sinks_written = last
-        self._write_runs(self.sinks, step.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:])
-        if step.roll:
-            self._roll(self.sinks, self.slots, step.roll)
-        self.place_sinks(step.sink_shift)
-        return self.keys[:, :, : step.used], self.values[:, :, : step.used]
+        self.write_runs(self.sinks, step.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:])
+        if rotation is not None:
+            self.place_sinks(*rotation)
+        return self.keys[:, :, : step.extent], self.values[:, :, : step.extent]
 
-    def place_sinks(self, shift: int) -> None:
-        """Rotate the sinks from their pristine copy so they sit `shift` positions later."""
-        if shift == self.sink_shift or not self.sinks_written:
-            return
-        cos, sin = self.rotary.cos_sin(shift, self.device)
-        held = self.sinks_written
-        rotated = torch.addcmul(self.pristine_sinks[:, :, :held] * cos, self.sink_partners[:, :, :held], sin)
-        self.keys[:, :, :held, : self.rotary.rotary_dim] = rotated
-        self.sink_shift = shift
+    def decode(
+        self,
+        slot: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        rotation: tuple[torch.Tensor, torch.Tensor],
+        extent: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token into a cache whose sinks are full: the same operations whatever the slot or shift."""
+        self.write_slot(slot, key_states, value_states)
+        self.place_sinks(*rotation)
+        return self.keys[:, :, :extent], self.values[:, :, :extent]
+
+    def place_sinks(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate the sinks from their pristine copy by the angles cos, sin [rotary_dim]."""
+        rotated = torch.addcmul(self.pristine_sinks * cos, self.sink_partners, sin)
+        self.keys[:, :, : self.sinks, : self.rotary.rotary_dim] = rotated
 
     def rebase(self, delta: int) -> None:
-        """Positions move back by `delta`: rotate the window once; the sinks follow from pristine."""
+        """Positions move back by `delta`: rotate the window once (the sinks follow from pristine)."""
         if self.is_initialized:
-            self._rotate_slots(self.sinks, self.slots, -delta)
-            self.place_sinks(0)
-
-    def reset(self) -> None:
-        super().reset()
-        self.pristine_sinks = self.sink_partners = None
-        self.sink_shift = 0
-        self.sinks_written = 0
+            self.rotate_slots(self.sinks, self.slots, -delta)
 
 
 class SlidingLayer(_RingLayer):
@@ -160,25 +161,24 @@ class SlidingLayer(_RingLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        tail = slice(step.stored_from, step.incoming)
         if step.incoming == 1:
-            # A single query sees every slot, so slot order does not matter.
-            self._write_runs(0, step.runs, key_states, value_states)
-            return self.keys[:, :, : step.used], self.values[:, :, : step.used]
-        # Several queries: the causal sliding mask needs the old tokens in age order, then the new.
-        if step.roll:
-            self._roll(0, self.slots, step.roll)
-        start, stop = step.kept_slots
-        # [batch, heads, kept + incoming, dim]: the kept tokens, oldest first, then the new ones.
-        keys = torch.cat((self.keys[:, :, start:stop], key_states), dim=2)
-        values = torch.cat((self.values[:, :, start:stop], value_states), dim=2)
-        tail = slice(step.incoming - step.stored, step.incoming)
-        self._write_runs(0, step.runs, key_states[:, :, tail], value_states[:, :, tail])
+            # A single query: the ring itself, its mask says which slots it sees.
+            self.write_runs(0, step.runs, key_states, value_states)
+            return self.keys[:, :, : step.extent], self.values[:, :, : step.extent]
+        # Several queries: the tokens they still see, oldest first, then the new ones (the mask is
+        # a banded causal one over this order). Gathered before the new tokens overwrite slots.
+        keys = torch.cat([self.keys[:, :, start:stop] for start, stop in step.kept] + [key_states], dim=2)
+        values = torch.cat([self.values[:, :, start:stop] for start, stop in step.kept] + [value_states], dim=2)
+        self.write_runs(0, step.runs, key_states[:, :, tail], value_states[:, :, tail])
         return keys, values
+
+    def decode(
+        self, slot: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, extent: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.write_slot(slot, key_states, value_states)
+        return self.keys[:, :, :extent], self.values[:, :, :extent]
 
     def rebase(self, delta: int) -> None:
         if self.is_initialized:
-            self._rotate_slots(0, self.slots, -delta)
-
-
-def _copied(value: Any, device: torch.device | str) -> Any:
-    return value.to(device, copy=True) if isinstance(value, torch.Tensor) else value
+            self.rotate_slots(0, self.slots, -delta)

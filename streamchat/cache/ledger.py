@@ -5,17 +5,25 @@ Pure integer arithmetic: no tensors, so every rule here is testable on its own.
 Geometry (StreamingLLM with positions assigned within the cache):
 - The first `sinks` tokens of the stream stay forever in sink slots.
 - The `window` most recent tokens live in a ring of slots; the oldest are evicted.
+- Slots never move. Token t of the window always lives in ring slot (t - sinks) mod
+  (window + 1): the ring has one slot more than it may hold, so a new token is always
+  written into a free slot and an eviction only marks a slot unused. A step can then
+  be taken back (a speculative decode step whose token ended the reply) without
+  copying anything, and attention finds the cache's tokens through a mask.
 - Window keys are stored rotated at their own position and never re-rotated: the
   window is a contiguous run of the most recent tokens, so its distances to a new
   query are already the in-cache ones. Only the sinks must appear right before the
-  window; they are rotated by `sink_shift` from a pristine copy at each eviction.
+  window; they are rotated by `sink_shift` from a pristine copy at each step.
 - Positions grow with the stream. Once they pass `rebase_at`, everything is moved
   back by `sink_shift` in one rotation, rarely enough (at least `window` tokens apart)
-  that no token is rotated twice in its lifetime.
+  that no token is rotated twice in its lifetime. A rebase may be held off while a
+  reply runs (so that /regen can restore the few slots the reply overwrote), which
+  is why `max_shift` leaves room for one more window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from streamchat.errors import CacheConfigError
@@ -25,34 +33,52 @@ Run = tuple[int, int]  # a [start, stop) range of slots
 
 @dataclass
 class Ring:
-    """`capacity` slots holding a contiguous run of the most recent tokens, oldest at `head`."""
+    """At most `capacity` of the most recent tokens, oldest at slot `head`, in `capacity + 1` slots."""
 
     capacity: int
     head: int = 0
     length: int = 0
+    # Slots [0, extent) have been written at least once; eager steps attend over no more.
+    extent: int = 0
+
+    @property
+    def slots(self) -> int:
+        return self.capacity + 1
 
     @property
     def is_full(self) -> bool:
         return self.length == self.capacity
 
-    def pop(self, count: int) -> None:
-        """Forget the `count` oldest tokens."""
-        self.head = (self.head + count) % self.capacity
+    @property
+    def next_slot(self) -> int:
+        """Where the next token goes: always a free slot."""
+        return (self.head + self.length) % self.slots
+
+    def runs(self, start: int, count: int) -> tuple[Run, ...]:
+        """`count` consecutive slots from `start`, wrapping, as one or two runs."""
+        first = min(count, self.slots - start)
+        if first == count:
+            return ((start, start + count),) if count else ()
+        return ((start, self.slots), (0, count - first))
+
+    def held(self) -> tuple[Run, ...]:
+        """The slots holding tokens, oldest first."""
+        return self.runs(self.head, self.length)
+
+    def pop(self, count: int) -> tuple[Run, ...]:
+        """Forget the `count` oldest tokens; return the slots they held."""
+        freed = self.runs(self.head, count)
+        self.head = (self.head + count) % self.slots
         self.length -= count
+        return freed
 
     def push(self, count: int) -> tuple[Run, ...]:
-        """Claim `count` free slots after the newest token, as one or two contiguous runs."""
-        start = (self.head + self.length) % self.capacity
-        first = min(count, self.capacity - start)
+        """Claim `count` free slots after the newest token (the caller made room)."""
+        claimed = self.runs(self.next_slot, count)
         self.length += count
-        if first == count:
-            return ((start, start + count),)
-        return ((start, self.capacity), (0, count - first))
-
-    def reorder(self) -> int:
-        """Declare the slots reordered oldest-first from slot 0; return how far they were rolled."""
-        rolled, self.head = self.head, 0
-        return rolled
+        for _, stop in claimed:
+            self.extent = max(self.extent, stop)
+        return claimed
 
 
 @dataclass(frozen=True)
@@ -87,15 +113,14 @@ class Eviction:
 
 @dataclass(frozen=True)
 class SinkStep:
-    """What every sink layer does with one forward pass of `incoming` tokens."""
+    """Where one forward pass of `incoming` tokens goes in every sink layer."""
 
     incoming: int
+    first_position: int  # the rotary position of the first incoming token
     sink_slots: Run  # where the first tokens of the step go while sinks are still filling
     window_runs: tuple[Run, ...]  # ring slots of the remaining tokens, in order
-    roll: int  # after writing, roll the window by -roll so slot order is age order (0: leave it)
     sink_shift: int
-    used: int  # slots [0, used) hold the cache after the step
-    eviction: Eviction | None
+    extent: int  # ring slots [0, extent) have been written, this step's included
 
 
 @dataclass(frozen=True)
@@ -103,11 +128,11 @@ class SlidingStep:
     """What every layer with the model's own sliding window does with one forward pass."""
 
     incoming: int
-    roll: int  # before reading, roll the ring by -roll so slot order is age order
-    kept_slots: Run  # old tokens returned ahead of the new ones (the last sliding_window - 1)
-    stored: int  # how many of the newest incoming tokens the ring keeps
-    runs: tuple[Run, ...]  # ring slots for those tokens
-    used: int  # decode steps return slots [0, used); longer steps return old + new
+    kept: tuple[Run, ...]  # ring slots of the old tokens the new queries still see, oldest first
+    freed: tuple[Run, ...]  # ring slots whose tokens left the ring
+    stored_from: int  # the incoming tokens from this one on are stored (the ring keeps the newest)
+    runs: tuple[Run, ...]  # ring slots for the stored tokens, in order
+    extent: int
 
 
 class StreamLedger:
@@ -126,14 +151,31 @@ class StreamLedger:
         self.evicted = 0
         # Window token t sits at position t - position_offset; each rebase raises the offset.
         self.position_offset = 0
+        # While set, a due rebase waits (a reply that /regen may take back is running).
+        self.rebase_held = False
+
+    def copy(self) -> StreamLedger:
+        clone = object.__new__(StreamLedger)
+        clone.__dict__.update(self.__dict__)
+        clone.ring = dataclasses.replace(self.ring)
+        return clone
 
     @property
     def capacity(self) -> int:
         return self.sinks + self.window
 
     @property
+    def slots(self) -> int:
+        """Physical slots: the sinks, then the ring (one more than the window)."""
+        return self.sinks + self.ring.slots
+
+    @property
     def used(self) -> int:
         return self.sinks_held + self.ring.length
+
+    @property
+    def sinks_full(self) -> bool:
+        return self.sinks_held == self.sinks
 
     @property
     def next_position(self) -> int:
@@ -154,9 +196,13 @@ class StreamLedger:
         return self.capacity + self.window
 
     @property
+    def rebase_due(self) -> bool:
+        return self.next_position >= self.rebase_at and not self.rebase_held
+
+    @property
     def max_shift(self) -> int:
-        """The largest sink shift a caller that lets the cache rebase can meet."""
-        return self.rebase_at + self.capacity
+        """The largest sink shift a step can need: a held rebase defers by at most the ring's slots."""
+        return self.rebase_at + self.ring.slots + self.window
 
     def stats(self) -> CacheStats:
         return CacheStats(
@@ -198,31 +244,23 @@ class StreamLedger:
         return Eviction(count=count, first_index=first, last_index=first + count - 1, stats=self.stats())
 
     def step(self, incoming: int) -> SinkStep:
-        """Make room for `incoming` tokens, assign their slots and advance the clock."""
+        """Assign slots to `incoming` tokens and advance the clock; the window must have room."""
         to_sinks, to_window = self.split(incoming)
-        eviction = self.evict(self.overflow(incoming))
+        if self.ring.length + to_window > self.window:
+            raise CacheConfigError(f"no room for {incoming} tokens: evict_for_space({incoming}) first")
+        first_position = self.next_position
         sink_slots = (self.sinks_held, self.sinks_held + to_sinks)
         self.sinks_held += to_sinks
-        window_runs = self.ring.push(to_window) if to_window else ()
+        window_runs = self.ring.push(to_window)
         self.seen += incoming
-        # A decode step into a full ring may leave the slots out of age order: attention
-        # is order-free for a single query. Otherwise the causal mask needs age order.
-        needs_order = incoming > 1 or not self.ring.is_full
-        roll = self.ring.reorder() if needs_order and self.ring.head else 0
         return SinkStep(
             incoming=incoming,
+            first_position=first_position,
             sink_slots=sink_slots,
             window_runs=window_runs,
-            roll=roll,
             sink_shift=self.sink_shift,
-            used=self.used,
-            eviction=eviction,
+            extent=self.sinks + self.ring.extent,
         )
-
-    def mask_sizes(self, incoming: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) of the keys the next step returns, as transformers' masks expect."""
-        evicting = self.overflow(incoming)
-        return self.used - evicting + incoming, evicting
 
     def rebase(self) -> int:
         """Move positions back so the sinks need no shift; return the distance moved."""
@@ -240,26 +278,32 @@ class SlidingLedger:
         self.sliding_window = sliding_window
         self.ring = Ring(sliding_window)
 
+    def copy(self) -> SlidingLedger:
+        clone = SlidingLedger(self.sliding_window)
+        clone.ring = dataclasses.replace(self.ring)
+        return clone
+
+    @property
+    def slots(self) -> int:
+        return self.ring.slots
+
     @property
     def kept(self) -> int:
         """Old tokens the next query can still see."""
         return min(self.ring.length, self.sliding_window - 1)
 
     def step(self, incoming: int) -> SlidingStep:
-        old_length = self.ring.length
-        kept_slots = (old_length - self.kept, old_length)
-        roll = self.ring.reorder() if incoming > 1 and self.ring.head else 0
+        """The ring keeps the newest `sliding_window` tokens; the step's queries see the last ones before."""
+        kept = self.kept
+        kept_runs = self.ring.runs((self.ring.head + self.ring.length - kept) % self.ring.slots, kept)
         stored = min(incoming, self.ring.capacity)
-        self.ring.pop(max(0, self.ring.length + stored - self.ring.capacity))
+        freed = self.ring.pop(max(0, self.ring.length + stored - self.ring.capacity))
         runs = self.ring.push(stored)
         return SlidingStep(
             incoming=incoming,
-            roll=roll,
-            kept_slots=kept_slots,
-            stored=stored,
+            kept=kept_runs,
+            freed=freed,
+            stored_from=incoming - stored,
             runs=runs,
-            used=self.ring.length,
+            extent=self.ring.extent,
         )
-
-    def mask_sizes(self, incoming: int) -> tuple[int, int]:
-        return self.kept + incoming, 0

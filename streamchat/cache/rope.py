@@ -4,6 +4,9 @@ A key stored at position p becomes the key at position p + shift by one more rot
 by shift * inv_freq. The angles are computed in float64 from the model's own
 frequencies (so they agree with the model's rotation), the product in float32, and
 the caller rounds once to the storage dtype.
+
+Every shift a cache can meet has a precomputed row, so a decode step looks its cos and
+sin up with a device tensor index: no host round trip, no table edge to fall off.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import torch
 from streamchat.cache.architectures import RotaryLayout
 from streamchat.errors import CacheConfigError
 
-# Shifts up to this many get a precomputed cos/sin row; rarer, larger ones are computed on demand.
-MAX_TABLE_ROWS = 1 << 16
-
 
 class RotaryTable:
-    """cos and sin of shift * frequency for the shifts a cache meets, laid out along the rotary dims."""
+    """cos and sin of shift * frequency for shifts 0..max_shift, laid out along the rotary dims."""
 
     def __init__(self, inv_freq: torch.Tensor, layout: RotaryLayout, max_shift: int) -> None:
         if layout not in ("rotate_half", "interleaved"):
@@ -26,21 +26,21 @@ class RotaryTable:
         self.layout: RotaryLayout = layout
         self.inv_freq = inv_freq.detach().to("cpu", torch.float64)
         self.rotary_dim = 2 * self.inv_freq.numel()
-        self.rows = min(max_shift, MAX_TABLE_ROWS) + 1
+        self.max_shift = max_shift
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def same_geometry(self, inv_freq: torch.Tensor, layout: RotaryLayout) -> bool:
         return layout == self.layout and torch.equal(inv_freq.detach().to("cpu", torch.float64), self.inv_freq)
 
-    def cos_sin(self, shift: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin of shift * inv_freq, each [rotary_dim], on `device`."""
-        if abs(shift) >= self.rows:
-            cos, sin = self._angles(torch.tensor([float(shift)], dtype=torch.float64))
-            return cos[0].to(device), sin[0].to(device)
-        cos_table, sin_table = self._table(device)
-        cos, sin = cos_table[abs(shift)], sin_table[abs(shift)]
-        # cos is even and sin odd in the shift.
-        return (cos, sin) if shift >= 0 else (cos, -sin)
+    def cos_sin(self, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin [rotary_dim] of a shift given as a one-element integer tensor on the table's device.
+
+        Shifts run from -max_shift to max_shift; cos is even and sin odd in the shift.
+        """
+        cos_table, sin_table = self.table(shift.device)
+        row = shift.abs().reshape(1)
+        cos, sin = cos_table.index_select(0, row)[0], sin_table.index_select(0, row)[0]  # [rotary_dim / 2]
+        return self._laid_out(cos), self._laid_out(sin * shift.sign().reshape(1).to(sin.dtype))
 
     def partner(self, x: torch.Tensor) -> torch.Tensor:
         """The vector that rotation mixes in: rotated = x * cos + partner(x) * sin."""
@@ -52,21 +52,24 @@ class RotaryTable:
 
     def rotate(self, x: torch.Tensor, shift: int) -> torch.Tensor:
         """x [..., rotary_dim] rotated by `shift` positions, in float32."""
-        cos, sin = self.cos_sin(shift, x.device)
+        cos, sin = self.cos_sin(torch.tensor(shift, device=x.device))
         x = x.float()
         return torch.addcmul(x * cos, self.partner(x), sin)
 
-    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos and sin rows [max_shift + 1, rotary_dim / 2] on `device`, made once per device."""
         table = self._tables.get(device)
         if table is None:
-            cos, sin = self._angles(torch.arange(self.rows, dtype=torch.float64))
-            table = self._tables[device] = (cos.to(device), sin.to(device))
+            angles = torch.arange(self.max_shift + 1, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
+            table = self._tables[device] = (angles.cos().float().to(device), angles.sin().float().to(device))
         return table
 
-    def _angles(self, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = shifts[:, None] * self.inv_freq[None, :]  # [shifts, rotary_dim / 2]
+    def check(self, shift: int) -> None:
+        if abs(shift) > self.max_shift:
+            raise CacheConfigError(f"a sink shift of {shift} is past the rotary table ({self.max_shift})")
+
+    def _laid_out(self, half: torch.Tensor) -> torch.Tensor:
+        """Frequencies [rotary_dim / 2] spread over the rotary dims as the layout pairs them."""
         if self.layout == "rotate_half":
-            angles = torch.cat((angles, angles), dim=-1)
-        else:
-            angles = angles.repeat_interleave(2, dim=-1)
-        return angles.cos().float(), angles.sin().float()
+            return torch.cat((half, half), dim=-1)
+        return half.repeat_interleave(2, dim=-1)

@@ -1,38 +1,42 @@
 """SinkCache: the transformers Cache that streams a conversation through sinks + a rolling window.
 
     cache = SinkCache.for_model(model, sinks=4, window=2000)
-    logits = model(input_ids, cache=cache).logits   # any number of calls, forever
+    logits = forward(model, cache, input_ids)   # streamchat.cache.feeding: any number of calls, forever
 
-Per forward pass of n tokens, the first layer's update plans the step for all layers
-(evicting what does not fit), and every layer carries the plan out. Positions come
-from `get_seq_length()`, which transformers uses by default, or `position_ids(n)`.
+Each forward pass is framed by the cache: `begin_step(input_ids)` makes room, assigns
+the tokens' slots and positions and returns the position ids and attention masks the
+model runs with; the model's layers write through `update`; `finish_step()` closes
+the pass. A decode step into a cache whose sinks are full can instead be taken with
+device tensors only (`prepare_decode()` on the host, `decode_inputs(token)` in the
+step), so its shapes never change and it compiles to one graph.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, get_layer_types_and_kwargs
 
+from streamchat.cache import masks
 from streamchat.cache.architectures import ensure_supported
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.cache.ledger import CacheStats, Eviction, SinkStep, SlidingLedger, SlidingStep, StreamLedger
+from streamchat.cache.ledger import CacheStats, Eviction, Run, SinkStep, SlidingLedger, SlidingStep, StreamLedger
+from streamchat.cache.occupancy import (
+    POSITION,
+    SINK_SHIFT,
+    SLIDING_FREE,
+    SLIDING_WRITE,
+    WRITE,
+    Occupancy,
+    slot_index,
+)
 from streamchat.cache.rope import RotaryLayout, RotaryTable
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
-EvictionObserver = Callable[[Eviction], None]
-
-
-@dataclass(frozen=True)
-class CacheSnapshot:
-    ledger: StreamLedger
-    sliding: SlidingLedger | None
-    steps: int
-    layers: list[dict[str, Any]]
+DECODE = "decode"  # what _step holds during a decode step taken with device tensors
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,14 @@ class LayerSpec:
     inv_freq: torch.Tensor
     layout: RotaryLayout = "rotate_half"
     sliding_window: int | None = None
+    layer_type: str = "full_attention"  # the model's name for the layer's kind (config.layer_types)
+
+
+class StepInputs(NamedTuple):
+    """What the model runs one step with, besides the input ids and the cache."""
+
+    position_ids: torch.Tensor  # [1, n]
+    attention_mask: torch.Tensor | dict[str, torch.Tensor]  # 4D, or one per layer type
 
 
 class SinkCache(Cache):
@@ -52,23 +64,43 @@ class SinkCache(Cache):
         specs: Sequence[LayerSpec],
         sinks: int,
         window: int,
-        observer: EvictionObserver | None = None,
+        *,
+        attention: str = "sdpa",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.ledger = StreamLedger(sinks, window)
         sliding_windows = {spec.sliding_window for spec in specs if self._own_window(spec, window)}
         if len(sliding_windows) > 1:
             raise UnsupportedModelError(f"layers use several sliding windows {sorted(sliding_windows)}")
         self.sliding = SlidingLedger(sliding_windows.pop()) if sliding_windows else None
-        tables = self._tables(specs)
-        super().__init__(layers=[self._layer(spec, window, tables) for spec in specs])
-        self.observer = observer
-        self.steps = 0
-        self._step: tuple[SinkStep, SlidingStep | None] | None = None
+        self.tables = self._tables(specs)
+        super().__init__(layers=[self._layer(spec, window) for spec in specs])
+        # Which table each layer rotates with, by index (plain ints: fine inside a compiled step).
+        self._table_of = [self.tables.index(layer.rotary) for layer in self.layers]
+        self.layer_types = {spec.layer_type: self._own_window(spec, window) for spec in specs}
+        self.boolean_masks = attention in masks.BOOLEAN_MASK_ATTENTION
+        self.mask_dtype = dtype
+        self.device = torch.device(device)
+        self.static_extent = False  # decode steps attend over every slot (set for compiled steps)
+        self.occupancy = Occupancy(self.ledger.slots, self.sliding.slots if self.sliding else 0, self.device)
+        self._step: SinkStep | str | None = None
+        self._sliding_step: SlidingStep | None = None
+        self._rotation: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table index -> (cos, sin)
+        self._placed_shift: int | None = None  # the shift the sinks sit at, None: unknown
+        self._freed: list[Run] = []  # ring slots evicted since the occupancy was last brought up to date
 
     @classmethod
-    def for_model(cls, model: Any, sinks: int, window: int, observer: EvictionObserver | None = None) -> SinkCache:
+    def for_model(cls, model: Any, sinks: int, window: int) -> SinkCache:
         """A cache for a loaded transformers model (refused with a clear error if unsupported)."""
-        return cls(layer_specs(model), sinks, window, observer)
+        return cls(
+            layer_specs(model),
+            sinks,
+            window,
+            attention=model.config._attn_implementation,
+            dtype=model.dtype,
+            device=model.get_input_embeddings().weight.device,
+        )
 
     # ---- what callers use -------------------------------------------------------------
 
@@ -89,85 +121,132 @@ class SinkCache(Cache):
 
     def evict_for_space(self, incoming: int) -> Eviction | None:
         """Drop the oldest window tokens so that `incoming` more tokens fit; sinks stay."""
-        return self._report(self.ledger.evict(self.ledger.overflow(incoming)))
+        count = self.ledger.overflow(incoming)
+        self._freed.extend(self.ledger.ring.runs(self.ledger.ring.head, count))
+        return self.ledger.evict(count)
 
-    def evict(self, count: int) -> Eviction | None:
-        """Drop the `count` oldest window tokens now (the paper's per-turn reserve uses this)."""
-        return self._report(self.ledger.evict(count))
-
-    def position_ids(self, count: int, device: torch.device | str | None = None) -> torch.Tensor:
-        """Positions [1, count] of the next `count` tokens."""
-        start = self.get_seq_length()
-        return torch.arange(start, start + count, device=device).unsqueeze(0)
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The rotary position of the next token."""
+        return self.ledger.next_position
 
     def is_consistent(self) -> bool:
         """False when a forward pass stopped half way (some layers missed it): reset, then refill."""
-        return all(layer.steps == self.steps for layer in self.layers)
+        return self._step is None
 
-    def snapshot(self) -> CacheSnapshot:
-        """A copy of everything the cache holds, to restore() later (regenerating a reply)."""
-        return CacheSnapshot(
-            copy.deepcopy(self.ledger),
-            copy.deepcopy(self.sliding),
-            self.steps,
-            [layer.snapshot() for layer in self.layers],
-        )
+    @torch.inference_mode()
+    def begin_step(self, input_ids: torch.Tensor) -> StepInputs:
+        """Frame a forward pass of input_ids [1, n]: room, slots, positions, masks."""
+        incoming = input_ids.shape[-1]
+        self._open(incoming)
+        sink_step = self.ledger.step(incoming)
+        sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
+        self._step, self._sliding_step = sink_step, sliding_step
+        window_slots = [(self.sinks + start, self.sinks + stop) for start, stop in sink_step.window_runs]
+        new_slots = slot_index([sink_step.sink_slots, *window_slots], self.device)
+        self._sync_occupancy()
+        self.occupancy.record(new_slots, input_ids[0])
+        self._rotation = self._sink_rotation() if self._placed_shift != sink_step.sink_shift else {}
+        held = self.occupancy.held[: sink_step.extent]
+        full = held if incoming == 1 else masks.chunk_mask(held, new_slots)
+        sliding = None
+        if sliding_step is not None:
+            if incoming == 1:
+                sliding = self.occupancy.sliding_held[: sliding_step.extent]
+            else:
+                kept = sum(stop - start for start, stop in sliding_step.kept)
+                sliding = masks.banded_causal(kept, incoming, self.sliding.sliding_window, self.device)
+        positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
+        return StepInputs(positions[None], self._attention_masks(full, sliding))
 
-    def restore(self, snapshot: CacheSnapshot) -> None:
-        """Return to the state of snapshot(); the snapshot stays valid for another restore."""
-        self.ledger, self.sliding = copy.deepcopy(snapshot.ledger), copy.deepcopy(snapshot.sliding)
-        self.steps = snapshot.steps
-        for layer, state in zip(self.layers, snapshot.layers, strict=True):
-            layer.restore(state)
+    @torch.inference_mode()
+    def prepare_decode(self) -> None:
+        """Plan a one-token step on the host and hand its slots and angles to the device (no sync).
+
+        The step itself then runs `decode_inputs(token)` and the model: device work only.
+        """
+        if not self.ledger.sinks_full:
+            raise CacheStateError("a decode step needs the sinks filled first; feed through begin_step")
+        self._open(1)
+        if sum(stop - start for start, stop in self._freed) > 1:
+            self._sync_occupancy()  # more than one token left since the last step: catch up here, eagerly
+        freed = self.sinks + self._freed[0][0] if self._freed else None
+        step = self.ledger.step(1)
+        write = self.sinks + step.window_runs[0][0]
+        values = [step.first_position, step.sink_shift, write, write if freed is None else freed, 0, 0]
+        if self.sliding is not None:
+            sliding_step = self.sliding.step(1)
+            values[SLIDING_WRITE] = sliding_step.runs[0][0]
+            values[SLIDING_FREE] = sliding_step.freed[0][0] if sliding_step.freed else values[SLIDING_WRITE]
+        self._freed = []
+        self.occupancy.send(values)
+        self._step = DECODE
+
+    def decode_inputs(self, token: torch.Tensor) -> StepInputs:
+        """The device half of a decode step for token [1, 1]: tensor operations only, the same every step."""
+        occupancy = self.occupancy
+        occupancy.take_decode_step(token)
+        self._rotation = self._sink_rotation(occupancy.scalars[SINK_SHIFT])
+        sliding = occupancy.sliding_held[: self._decode_extent(sliding=True)] if self.sliding is not None else None
+        full = occupancy.held[: self._decode_extent(sliding=False)]
+        position_ids = occupancy.slot(POSITION).reshape(1, 1)
+        return StepInputs(position_ids, self._attention_masks(full, sliding))
+
+    def finish_step(self) -> None:
+        """Close the forward pass begun by begin_step or prepare_decode (all layers have written)."""
+        if self._step == DECODE:
+            self._placed_shift = None  # a decode step places the sinks itself, at a shift only the device saw
+        elif self._step is not None and self._rotation:
+            self._placed_shift = self._step.sink_shift
+        self._step = self._sliding_step = None
+
+    def mark_static(self) -> None:
+        """Give the storage fixed addresses for CUDA graphs, which a compiled decode step writes into."""
+        for tensor in self.occupancy.tensors():
+            torch._dynamo.mark_static_address(tensor)
+        for layer in self.layers:
+            if layer.is_initialized:
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
 
     # ---- the transformers Cache interface ---------------------------------------------
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer_idx == 0:
-            self._begin_step(key_states.shape[-2])
-        if self._step is None:
-            raise CacheStateError("the sink cache was updated outside a forward pass")
-        sink_step, sliding_step = self._step
         layer = self.layers[layer_idx]
-        step = sliding_step if isinstance(layer, SlidingLayer) else sink_step
-        if step.incoming != key_states.shape[-2]:
-            raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}")
-        stored = layer.apply(step, key_states, value_states)
-        layer.steps = self.steps  # only once written: a layer that fails half way counts as missed
-        return stored
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """The position of the next token; positions are moved back here, between passes, when due."""
-        if self.ledger.next_position >= self.ledger.rebase_at:
-            delta = self.ledger.rebase()
-            for layer in self.layers:
-                layer.rebase(delta)
-        return self.ledger.next_position
+        if self._step == DECODE:
+            if isinstance(layer, SlidingLayer):
+                write = self.occupancy.slot(SLIDING_WRITE)
+                return layer.decode(write, key_states, value_states, self._decode_extent(sliding=True))
+            rotation = self._rotation[self._table_of[layer_idx]]
+            extent = self._decode_extent(sliding=False)
+            return layer.decode(self.occupancy.slot(WRITE), key_states, value_states, rotation, extent)
+        if self._step is None:
+            raise CacheStateError("the sink cache was updated outside a step: call the model through cache.feeding")
+        if self._step.incoming != key_states.shape[-2]:
+            raise CacheStateError(
+                f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {self._step.incoming}"
+            )
+        if isinstance(layer, SlidingLayer):
+            return layer.apply(self._sliding_step, key_states, value_states)
+        return layer.apply(self._step, key_states, value_states, self._rotation.get(self._table_of[layer_idx]))
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        if self._is_sliding(layer_idx):
-            return self.sliding.kept
-        return self.ledger.used
+        raise CacheStateError("the sink cache hands the model its masks: call the model through cache.feeding")
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        if self._is_sliding(layer_idx):
-            return self.sliding.mask_sizes(query_length)
-        return self.ledger.mask_sizes(query_length)
+        raise CacheStateError("the sink cache hands the model its masks: call the model through cache.feeding")
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.ledger.capacity
 
+    @torch.inference_mode()
     def reset(self) -> None:
-        """Forget everything: an empty cache, positions from 0."""
+        """Forget everything: an empty cache, positions from 0 (the storage stays allocated)."""
         self.ledger = StreamLedger(self.ledger.sinks, self.ledger.window)
         if self.sliding is not None:
             self.sliding = SlidingLedger(self.sliding.sliding_window)
-        for layer in self.layers:
-            layer.reset()
-        self.steps = 0
-        self._step = None
+        self.settle()
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a sink cache cannot be cropped: evicted tokens are gone")
@@ -175,27 +254,64 @@ class SinkCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("a sink cache serves one conversation; beam search is not supported")
 
+    # ---- for snapshots (snapshots.py) ---------------------------------------------------
+
+    def settle(self) -> None:
+        """After the ledgers were replaced: no step open, the sinks to be placed again, the occupancy redone."""
+        self._step = self._sliding_step = None
+        self._placed_shift = None
+        self._sync_occupancy()
+
+    @torch.inference_mode()
+    def rebase(self) -> None:
+        """Move every position back so the sinks need no shift (one rotation of every stored key)."""
+        delta = self.ledger.rebase()
+        for layer in self.layers:
+            layer.rebase(delta)
+        self._placed_shift = None
+
     # ---- internals ----------------------------------------------------------------------
 
-    def _begin_step(self, incoming: int) -> None:
+    def _open(self, incoming: int) -> None:
+        """Start a step of `incoming` tokens: room first, then a rebase if one is due."""
         if not self.is_consistent():
-            unfinished = [index for index, layer in enumerate(self.layers) if layer.steps != self.steps]
-            raise CacheStateError(
-                f"a forward pass stopped half way (layers {unfinished[0]}..{unfinished[-1]} missed it): reset the cache"
-            )
-        sink_step = self.ledger.step(incoming)
-        sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
-        self.steps += 1
-        self._step = (sink_step, sliding_step)
-        self._report(sink_step.eviction)
+            raise CacheStateError("a forward pass stopped half way (some layers missed it): reset the cache")
+        self.evict_for_space(incoming)
+        if self.ledger.rebase_due:
+            self.rebase()
 
-    def _report(self, eviction: Eviction | None) -> Eviction | None:
-        if eviction is not None and self.observer is not None:
-            self.observer(eviction)
-        return eviction
+    def _sync_occupancy(self) -> None:
+        self.occupancy.sync(self.ledger, self.sliding)
+        self._freed = []
 
-    def _is_sliding(self, layer_idx: int) -> bool:
-        return layer_idx < len(self.layers) and isinstance(self.layers[layer_idx], SlidingLayer)
+    def _sink_rotation(self, shift: torch.Tensor | None = None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin of the step's sink shift, once per rotary geometry, for every sink layer."""
+        if shift is None:
+            if not self.ledger.sinks_full:
+                return {}
+            shift = torch.tensor([self.ledger.sink_shift], device=self.device)
+        used = {self._table_of[index] for index, layer in enumerate(self.layers) if isinstance(layer, SinkLayer)}
+        return {index: self.tables[index].cos_sin(shift) for index in sorted(used)}
+
+    def _decode_extent(self, sliding: bool) -> int:
+        if sliding:
+            return self.sliding.slots if self.static_extent else self.sliding.ring.extent
+        return self.ledger.slots if self.static_extent else self.sinks + self.ledger.ring.extent
+
+    def _attention_masks(
+        self, full: torch.Tensor, sliding: torch.Tensor | None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """One 4D mask when every layer is of one kind, else one per layer type (the models with both take a dict)."""
+        if full.dim() == 1:
+            full = full[None]
+            sliding = sliding[None] if sliding is not None else None
+        made = {False: masks.for_attention(full, self.boolean_masks, self.mask_dtype)}
+        if sliding is not None:
+            made[True] = masks.for_attention(sliding, self.boolean_masks, self.mask_dtype)
+        kinds = set(self.layer_types.values())
+        if len(kinds) == 1:
+            return made[kinds.pop()]
+        return {name: made[own] for name, own in self.layer_types.items()}
 
     @staticmethod
     def _own_window(spec: LayerSpec, window: int) -> bool:
@@ -210,11 +326,11 @@ class SinkCache(Cache):
                 tables.append(RotaryTable(spec.inv_freq, spec.layout, self.ledger.max_shift))
         return tables
 
-    def _layer(self, spec: LayerSpec, window: int, tables: list[RotaryTable]) -> SinkLayer | SlidingLayer:
-        table = next(table for table in tables if table.same_geometry(spec.inv_freq, spec.layout))
+    def _layer(self, spec: LayerSpec, window: int) -> SinkLayer | SlidingLayer:
+        table = next(table for table in self.tables if table.same_geometry(spec.inv_freq, spec.layout))
         if self._own_window(spec, window):
-            return SlidingLayer(spec.sliding_window, table)
-        return SinkLayer(self.ledger.sinks, window, table)
+            return SlidingLayer(self.sliding.slots, table)
+        return SinkLayer(self.ledger.sinks, self.ledger.ring.slots, table)
 
 
 def layer_specs(model: Any) -> list[LayerSpec]:
@@ -232,7 +348,7 @@ def layer_specs(model: Any) -> list[LayerSpec]:
         inv_freq = getattr(rotary, f"{layer_type}_inv_freq", None)
         if inv_freq is None:
             inv_freq = rotary.inv_freq
-        specs.append(LayerSpec(inv_freq, layout, kwargs.get("sliding_window")))
+        specs.append(LayerSpec(inv_freq, layout, kwargs.get("sliding_window"), layer_type))
     return specs
 
 

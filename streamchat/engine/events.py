@@ -106,6 +106,18 @@ class TurnFinished:
 
 
 @dataclass(frozen=True)
+class Compiling:
+    """The first decode step is being compiled (once per start; it takes a while)."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The decode step is compiled; `seconds` it took."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Replayed:
     """A transcript was fed through the cache (after /load or a new system prompt)."""
 
@@ -114,5 +126,14 @@ class Replayed:
 
 
 Event = (
-    TextDelta | Evicted | PromptTruncated | PromptSkipped | PromptProgress | CacheOccupancy | TurnFinished | Replayed
+    TextDelta
+    | Evicted
+    | PromptTruncated
+    | PromptSkipped
+    | PromptProgress
+    | CacheOccupancy
+    | TurnFinished
+    | Replayed
+    | Compiling
+    | Compiled
 )

@@ -19,7 +19,6 @@ class Reply:
         self.ids: list[int] = []
         self.text = ""  # what has been shown
         self._held = ""  # text that may be the start of a stop string
-        self.pending: list[int] = []  # the last sampled token, until it is fed
         self.reason: StopReason = "max_new_tokens"
         self.started = started  # when the turn began
         self.prefilled = prefilled  # when its prompt was in the cache
@@ -30,16 +29,11 @@ class Reply:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self.ids.append(token)
-        self.pending = [token]
         return self._show(self.detokenizer.push(token))
 
     def flush(self) -> str:
         """The text still held back, at the end of the reply."""
         return "" if self.reason == "stop_string" else self._show(self.detokenizer.flush(), final=True)
-
-    def take_pending(self) -> list[int]:
-        pending, self.pending = self.pending, []
-        return pending
 
     def decode_speed(self) -> float:
         elapsed = time.perf_counter() - (self.first_token_at or self.started)

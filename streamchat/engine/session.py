@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,13 @@ import torch
 from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.feeding import chunk_sizes, forward
+from streamchat.cache.ledger import Eviction
+from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
+from streamchat.engine.decoder import Decoder
 from streamchat.engine.events import (
     CacheOccupancy,
+    Compiled,
+    Compiling,
     Event,
     Evicted,
     PromptSkipped,
@@ -53,6 +59,8 @@ class SessionOptions:
     settings: GenerationSettings | None = None
     # A prompt longer than the cache: False reads its start and last two windows, True every token.
     read_all: bool = defaults.READ_ALL
+    # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
+    compile_backend: str | None = None
 
     def __post_init__(self) -> None:
         _eviction_policy(self.eviction)
@@ -73,6 +81,7 @@ class ChatSession:
         )
         self.sampler = Sampler(self.settings.seed)
         self.cache = SinkCache.for_model(model, options.sinks, options.window)
+        self.decoder = Decoder(model, self.cache, options.compile_backend, vocab_size=len(tokenizer))
         self.device = model.get_input_embeddings().weight.device
         self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
         self.transcript: list[Message] = []
@@ -106,6 +115,7 @@ class ChatSession:
         reading between two forward passes, and the reply before it starts.
         """
         self._stop_requested = False
+        self._forget_snapshot()
         self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
         seen = self.cache_stats().seen
@@ -136,6 +146,7 @@ class ChatSession:
         self._stop_requested = False
         started = time.perf_counter()
         logits = self._snapshot.restore(self)
+        self._snapshot = _Snapshot.take(self, logits)  # the settings, and so the reply's reach, may have changed
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield from self._reply(logits, 0, started, started)
 
@@ -162,6 +173,7 @@ class ChatSession:
     def reset(self) -> None:
         """Forget the conversation: an empty cache and an empty transcript."""
         self._conversation += 1
+        self._forget_snapshot()
         self.cache.reset()
         self.mirror = CacheMirror(self.cache.sinks)
         self.transcript = []
@@ -273,31 +285,40 @@ class ChatSession:
         yield TurnFinished(reply=reply.text, stats=stats)
 
     def _decode(self, logits: torch.Tensor, reply: Reply, message: int) -> Iterator[Event]:
-        """Sample, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
+        """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         settings = reply.settings
+        self.decoder.start(logits, settings, self.sampler)
         while not self._stop_requested:
-            token = self.sampler.next_token(self._token_logits(logits), settings, self._recent_ids(settings))
-            if token in self.stop_ids:
+            compiling = self.decoder.will_compile
+            if compiling:
+                yield Compiling()
+            with _out_of_memory_reported(self.device, "generating"):
+                decoded = self.decoder.next()  # already fed: a token that ends the reply is taken back
+            if compiling and self.decoder.compile_seconds is not None:
+                yield Compiled(self.decoder.compile_seconds)
+            if decoded.token in self.stop_ids:
+                self.decoder.take_back()
                 reply.reason = "eos"
                 return
-            delta = reply.add(token)
+            delta = reply.add(decoded.token)
+            self.mirror.append([decoded.token], message)
+            evicted = self._evicted(decoded.eviction) if decoded.eviction is not None else None
             if delta:
                 yield TextDelta(delta)
+            if evicted is not None:
+                yield evicted
             if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
                 return
-            # Pending until fed: if the caller leaves at an eviction event, _close still feeds it.
-            logits = yield from self._feed(reply.pending, message)
-            reply.pending = []
             yield CacheOccupancy(self.cache_stats(), reply.decode_speed())
         reply.reason = "interrupted"
 
     def _close(self, reply: Reply, message: int) -> Iterator[Event]:
-        """Feed what closes the reply (its last token, the end of turn) and record its text."""
+        """Feed what closes the reply (the end of turn) and record its text."""
         tail = reply.flush()
         if tail:
             yield TextDelta(tail)
         self.transcript[message]["content"] = reply.text
-        closing = reply.take_pending() + list(self.chat_format.end_of_turn_ids)
+        closing = list(self.chat_format.end_of_turn_ids)
         if closing:
             yield from self._feed(closing, message)
 
@@ -309,15 +330,8 @@ class ChatSession:
             for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
                 chunk = token_ids[start : start + size]
                 yield from self._evict_for(size)
-                try:
+                with _out_of_memory_reported(self.device, f"reading {size} tokens"):
                     logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
-                except (MemoryError, RuntimeError) as error:
-                    if not is_out_of_memory(error):
-                        raise
-                    raise OutOfMemoryError(
-                        f"out of memory on {self.device} while reading {size} tokens; "
-                        "try a smaller --window, --dtype bfloat16 or float16, or a smaller model"
-                    ) from error
                 self.mirror.append(chunk, message)
                 start += size
         return logits
@@ -326,8 +340,12 @@ class ChatSession:
         """Make room for `incoming` tokens; report what that evicted."""
         eviction = self.cache.evict_for_space(incoming)
         if eviction is not None:
-            text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
-            yield Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
+            yield self._evicted(eviction)
+
+    def _evicted(self, eviction: Eviction) -> Evicted:
+        """The event for an eviction the cache made; the mirror forgets the same tokens."""
+        text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
+        return Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -336,18 +354,10 @@ class ChatSession:
         generation_config = getattr(self.model, "generation_config", None)
         self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
 
-    def _token_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The last position's logits [vocab], without the padding rows some models add past the tokenizer."""
-        logits = logits[0, -1]
-        if logits.shape[-1] > len(self.tokenizer):
-            logits = logits.clone()
-            logits[len(self.tokenizer) :] = float("-inf")
-        return logits
-
-    def _recent_ids(self, settings: GenerationSettings) -> torch.Tensor | None:
-        if settings.repetition_penalty == 1.0:
-            return None
-        return torch.tensor(self.mirror.token_ids(), device=self.device)
+    def _forget_snapshot(self) -> None:
+        """The last reply can no longer be regenerated: the cache may rebase again."""
+        self._snapshot = None
+        release_snapshots(self.cache)
 
 
 def _eviction_policy(value: str) -> str:
@@ -367,6 +377,19 @@ def _replay_feeds(chat_format: ChatFormat, messages: list[Message]) -> list[list
     return feeds
 
 
+@contextmanager
+def _out_of_memory_reported(device: torch.device, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise OutOfMemoryError(
+            f"out of memory on {device} while {doing}; "
+            "try a smaller --window, --dtype bfloat16 or float16, or a smaller model"
+        ) from error
+
+
 def _drain(events: Iterator[Event]) -> None:
     for _ in events:
         pass
@@ -374,17 +397,19 @@ def _drain(events: Iterator[Event]) -> None:
 
 @dataclass
 class _Snapshot:
-    """The cache right after the last prompt: /regen restores it and samples a new reply."""
+    """The cache right after the last prompt: /regen restores it and draws a new reply."""
 
-    cache_state: Any
+    cache_state: ReplySnapshot
     mirror: CacheMirror
     logits: torch.Tensor
 
     @classmethod
     def take(cls, session: ChatSession, logits: torch.Tensor) -> _Snapshot:
-        return cls(session.cache.snapshot(), session.mirror.copy(), logits.clone())
+        # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
+        reach = session.settings.max_new_tokens + len(session.chat_format.end_of_turn_ids)
+        return cls(ReplySnapshot.take(session.cache, reach), session.mirror.copy(), logits.clone())
 
     def restore(self, session: ChatSession) -> torch.Tensor:
-        session.cache.restore(self.cache_state)
+        self.cache_state.restore(session.cache)
         session.mirror = self.mirror.copy()
         return self.logits

@@ -8,6 +8,8 @@ from streamchat.app.display import ChatDisplay, reading_line
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
+    Compiled,
+    Compiling,
     Evicted,
     PromptProgress,
     PromptSkipped,
@@ -194,3 +196,13 @@ def test_a_read_stopped_by_ctrl_c_says_how_much_the_model_saw():
     assert screen.file.getvalue().splitlines()[0] == (
         "stopped reading your message after 1,024 of 9,000 tokens; the model saw only that part"
     )
+
+
+def test_a_first_compile_is_announced_before_it_blocks_and_timed_after():
+    screen = console(width=80)
+    ChatDisplay(screen).show(iter([Compiling(), Compiled(41.26), TextDelta("Hi."), TurnFinished("Hi.", STATS)]))
+    assert screen.file.getvalue().splitlines()[:3] == [
+        "compiling the decode step (once per start; later starts reuse the cache)…",
+        "decode step compiled in 41.3 s",
+        "Hi.",
+    ]

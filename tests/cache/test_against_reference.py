@@ -3,25 +3,30 @@
 Each tiny random model streams 20 prompt tokens and then 2000 decode steps, with a
 few multi-token steps among them, through 4 sinks + a 60-token window: about 1960
 evictions and dozens of position rebases. Both caches see the same tokens; the
-logits after every step are compared.
+logits after every step are compared. Single tokens take the engine's decode step
+(device tensors only), longer steps the eager one.
 """
+
+import copy
 
 import pytest
 import torch
 
-from streamchat.cache import SinkCache
+from streamchat.cache import SinkCache, forward
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
 from streamchat.cache.layers import SinkLayer, SlidingLayer
+from streamchat.engine.decoder import decode_step
 from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model
 from tests.support.reference_cache import NaiveSinkCache
 
 SINKS, WINDOW, PROMPT, DECODE_STEPS = 4, 60, 20, 2000
 
 
-def stream(model, *, follow: bool) -> tuple[float, float]:
+def stream(model, *, follow: bool, step=decode_step) -> tuple[float, float]:
     """(max |logit difference|, top-1 agreement) between the sink cache and the reference."""
     generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(3, VOCAB, (PROMPT + DECODE_STEPS + 200,), generator=generator)
+    device = model.get_input_embeddings().weight.device
+    tokens = torch.randint(3, VOCAB, (PROMPT + DECODE_STEPS + 200,), generator=generator).to(device)
     steps = [PROMPT] + [7 if i % 250 == 125 else 1 for i in range(DECODE_STEPS)]
     real, reference = SinkCache.for_model(model, SINKS, WINDOW), NaiveSinkCache(model, SINKS, WINDOW)
     worst, agreed, fed = 0.0, 0, 0
@@ -29,7 +34,13 @@ def stream(model, *, follow: bool) -> tuple[float, float]:
         for count in steps:
             ids = tokens[fed : fed + count][None]
             fed += count
-            ours = model(ids, cache=real).logits[0, -1].float()
+            if count == 1:
+                real.evict_for_space(1)
+                real.prepare_decode()
+                ours = step(model, real, ids)[0, -1].float()
+                real.finish_step()
+            else:
+                ours = forward(model, real, ids)[0, -1].float()
             reference.evict_for_space(count)
             if follow:
                 reference.follow(real.get_seq_length() - count)
@@ -69,3 +80,33 @@ def test_layers_keep_the_models_own_sliding_window_when_it_is_narrower():
     assert [type(layer) for layer in cache.layers] == [SlidingLayer, SinkLayer]
     wide = SinkCache.for_model(tiny_model("phi3"), SINKS, WINDOW)  # sliding window 2047 never binds
     assert {type(layer) for layer in wide.layers} == {SinkLayer}
+
+
+CUDA_TYPES = ["llama", "qwen2", "gemma2", "phi3", "cohere"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_type", CUDA_TYPES)
+def test_on_cuda_with_sdpa_float32_logits_match_and_bfloat16_top1_agrees(model_type):
+    model = copy.deepcopy(tiny_model(model_type)).to("cuda")
+    worst, _ = stream(model, follow=False)
+    assert worst <= 1e-3
+    _, agreement = stream(copy.deepcopy(tiny_model(model_type, dtype=torch.bfloat16)).to("cuda"), follow=True)
+    assert agreement >= 0.99
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_on_cuda_the_compiled_decode_step_matches_the_reference(model_type):
+    model = copy.deepcopy(tiny_model(model_type)).to("cuda")
+    compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def step(model, cache, ids):
+        cache.static_extent = True
+        cache.mark_static()
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(model, cache, ids).clone()
+
+    torch._dynamo.reset()
+    worst, _ = stream(model, follow=False, step=step)
+    assert worst <= 1e-3

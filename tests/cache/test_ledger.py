@@ -7,21 +7,25 @@ from streamchat.errors import CacheConfigError
 
 
 def test_ring_push_wraps_into_two_runs():
-    ring = Ring(capacity=5, head=3, length=1)
+    ring = Ring(capacity=4, head=3, length=1)  # five slots
     assert ring.push(3) == ((4, 5), (0, 2))
-    assert ring.length == 4
+    assert ring.length == 4 and ring.extent == 5
 
 
-def test_ring_pop_advances_head_modulo_capacity():
-    ring = Ring(capacity=5, head=4, length=5)
-    ring.pop(2)
-    assert (ring.head, ring.length) == (1, 3)
+def test_ring_pop_advances_head_modulo_its_slots_and_returns_them():
+    ring = Ring(capacity=4, head=4, length=4)
+    assert ring.pop(2) == ((4, 5), (0, 1))
+    assert (ring.head, ring.length) == (1, 2)
 
 
-def test_ring_reorder_reports_the_roll():
-    ring = Ring(capacity=5, head=3, length=5)
-    assert ring.reorder() == 3
-    assert ring.head == 0
+def test_a_full_ring_always_has_one_free_slot_to_write():
+    ring = Ring(capacity=3)
+    ring.push(3)
+    for _ in range(10):
+        free = ring.next_slot
+        assert free not in {slot for start, stop in ring.held() for slot in range(start, stop)}
+        ring.pop(1)
+        assert ring.push(1) == ((free, free + 1),)
 
 
 @pytest.mark.parametrize(
@@ -50,48 +54,39 @@ def test_the_first_tokens_fill_the_sinks_then_the_window():
     step = ledger.step(6)
     assert step.sink_slots == (0, 4)
     assert step.window_runs == ((0, 2),)
-    assert step.used == 6 and step.eviction is None and step.sink_shift == 0
+    assert step.first_position == 0 and step.sink_shift == 0 and step.extent == 6
     assert ledger.stats() == CacheStats(4, 4, 2, 10, seen=6, evicted=0)
 
 
 def test_a_full_window_evicts_exactly_what_the_step_needs():
     ledger = StreamLedger(sinks=4, window=10)
     ledger.step(14)
-    step = ledger.step(3)
-    assert step.eviction == Eviction(
+    assert ledger.overflow(3) == 3
+    assert ledger.evict(3) == Eviction(
         count=3, first_index=4, last_index=6, stats=CacheStats(4, 4, 7, 10, seen=14, evicted=3)
     )
-    assert step.used == 14
+    step = ledger.step(3)
+    assert step.window_runs == ((10, 11), (0, 2))  # the spare slot, then the slots just freed
+    assert ledger.used == 14
     assert step.sink_shift == 3  # the window now starts at position 7, right after sinks at 3..6
-    assert ledger.stats().evicted == 3
 
 
-def test_decode_steps_into_a_full_ring_never_reorder():
+def test_a_step_without_room_is_refused():
     ledger = StreamLedger(sinks=2, window=4)
     ledger.step(6)
-    rolls = [ledger.step(1).roll for _ in range(7)]
-    assert rolls == [0] * 7
-    assert ledger.ring.head == 3
+    with pytest.raises(CacheConfigError, match=r"no room for 1 tokens: evict_for_space\(1\) first"):
+        ledger.step(1)
 
 
-def test_longer_steps_leave_slots_in_age_order():
+def test_window_tokens_keep_their_slot_for_life():
     ledger = StreamLedger(sinks=2, window=4)
-    ledger.step(6)
-    ledger.step(1)  # head moves to 1
-    step = ledger.step(2)  # writes slots 1, 2 then rolls the window by head
-    assert step.window_runs == ((1, 3),)
-    assert step.roll == 3
-    assert ledger.ring.head == 0
-
-
-def test_a_ring_left_partly_empty_is_reordered_before_decoding():
-    ledger = StreamLedger(sinks=2, window=6)
-    ledger.step(8)
-    ledger.evict(4)  # the paper's per-turn reserve: head 4, two tokens left
-    step = ledger.step(1)
-    assert step.window_runs == ((0, 1),)
-    assert step.roll == 4  # slots 4, 5, 0 hold the three newest: roll them to 0, 1, 2
-    assert step.used == 5
+    ledger.step(2)
+    slot_of = {}
+    for token in range(2, 40):
+        ledger.evict(ledger.overflow(1))
+        ((start, _),) = ledger.step(1).window_runs
+        slot_of[token] = start
+    assert all(slot == (token - 2) % 5 for token, slot in slot_of.items())
 
 
 def test_eviction_indices_follow_the_stream():
@@ -109,21 +104,15 @@ def test_evicting_more_than_the_window_holds_is_refused():
         ledger.evict(2)
 
 
-def test_mask_sizes_predict_the_step():
-    ledger = StreamLedger(sinks=4, window=10)
-    ledger.step(14)
-    assert ledger.mask_sizes(3) == (14, 3)
-    assert ledger.step(3).used == 14
-
-
 def test_positions_rebase_at_most_once_per_window():
     ledger = StreamLedger(sinks=4, window=10)
     rebases = []
     for _ in range(200):
-        if ledger.next_position >= ledger.rebase_at:
+        if ledger.rebase_due:
             rebases.append((ledger.seen, ledger.rebase()))
             assert ledger.sink_shift == 0
             assert ledger.next_position == ledger.used
+        ledger.evict(ledger.overflow(1))
         ledger.step(1)
         assert ledger.next_position < ledger.rebase_at + 1
         assert 0 <= ledger.sink_shift <= ledger.max_shift
@@ -132,13 +121,36 @@ def test_positions_rebase_at_most_once_per_window():
     assert gaps == {10}
 
 
+def test_a_held_rebase_waits_and_the_shift_stays_within_max_shift():
+    ledger = StreamLedger(sinks=4, window=10)
+    ledger.rebase_held = True
+    for _ in range(ledger.ring.slots + 30):
+        assert not ledger.rebase_due
+        ledger.evict(ledger.overflow(1))
+        ledger.step(1)
+        if ledger.next_position >= ledger.rebase_at + ledger.ring.slots:
+            break
+        assert ledger.sink_shift <= ledger.max_shift
+    ledger.rebase_held = False
+    assert ledger.rebase_due
+
+
+def test_copies_are_independent():
+    ledger = StreamLedger(sinks=2, window=4)
+    ledger.step(5)
+    clone = ledger.copy()
+    ledger.evict(2)
+    ledger.step(2)
+    assert (clone.ring.head, clone.ring.length, clone.seen) == (0, 3, 5)
+
+
 def test_sliding_ledger_keeps_the_last_window_minus_one_for_new_queries():
     sliding = SlidingLedger(sliding_window=4)
     first = sliding.step(6)
-    assert (first.kept_slots, first.stored, first.runs) == ((0, 0), 4, ((0, 4),))
-    assert sliding.mask_sizes(1) == (4, 0)
-    decode = sliding.step(1)
-    assert decode.runs == ((0, 1),) and decode.used == 4
+    assert (first.kept, first.stored_from, first.runs) == ((), 2, ((0, 4),))
+    decode = sliding.step(1)  # the query sees the three before it and itself
+    assert decode.runs == ((4, 5),) and decode.freed == ((0, 1),) and sliding.ring.length == 4
     chunk = sliding.step(3)
-    assert chunk.roll == 1 and chunk.kept_slots == (1, 4)
-    assert chunk.runs == ((0, 3),) and sliding.ring.length == 4
+    assert chunk.kept == ((2, 5),)  # oldest first: the tokens the three new queries still see
+    assert chunk.freed == ((1, 4),) and chunk.runs == ((0, 3),)  # the three oldest go, the new take slots 0-2
+    assert (sliding.ring.head, sliding.ring.length) == (4, 4)

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from streamchat.cache.rope import MAX_TABLE_ROWS, RotaryTable
+from streamchat.cache.rope import RotaryTable
 
 INV_FREQ = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
 
@@ -24,7 +24,7 @@ def rotate_reference(x: torch.Tensor, shift: int, interleaved: bool) -> torch.Te
 @pytest.mark.parametrize("layout", ["rotate_half", "interleaved"])
 @pytest.mark.parametrize("shift", [0, 1, 7, -5, 300])
 def test_rotation_matches_pairwise_formula(layout, shift):
-    table = RotaryTable(INV_FREQ, layout, max_shift=100)
+    table = RotaryTable(INV_FREQ, layout, max_shift=300)
     x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(shift + 50))
     expected = rotate_reference(x, shift, interleaved=layout == "interleaved")
     assert torch.allclose(table.rotate(x, shift).double(), expected, atol=1e-6)
@@ -38,14 +38,13 @@ def test_rotations_compose_and_invert():
     assert torch.allclose(table.rotate(table.rotate(x, 40), -40).double(), x, atol=1e-5)
 
 
-def test_shifts_beyond_the_table_are_computed_on_demand():
-    table = RotaryTable(INV_FREQ, "rotate_half", max_shift=10 * MAX_TABLE_ROWS)
-    assert table.rows == MAX_TABLE_ROWS + 1
-    far = MAX_TABLE_ROWS + 123
-    cos, sin = table.cos_sin(far, torch.device("cpu"))
-    expected = far * INV_FREQ
-    assert torch.allclose(cos[:4].double(), expected.cos(), atol=1e-7)
-    assert torch.allclose(sin[4:].double(), expected.sin(), atol=1e-7)
+@pytest.mark.parametrize("shift", [65_535, 65_536, 65_537, 99_999, -99_999])
+def test_every_shift_up_to_the_largest_comes_from_the_table_without_a_cliff(shift):
+    table = RotaryTable(INV_FREQ, "rotate_half", max_shift=99_999)
+    cos, sin = table.cos_sin(torch.tensor(shift))
+    expected = shift * INV_FREQ
+    assert torch.equal(cos[:4], expected.cos().float()) and torch.equal(cos[4:], expected.cos().float())
+    assert torch.equal(sin[:4], expected.sin().float()) and torch.equal(sin[4:], expected.sin().float())
 
 
 def test_partial_rotary_is_read_from_the_frequencies():

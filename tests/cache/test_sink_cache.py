@@ -1,10 +1,11 @@
-"""The sink cache alone, on synthetic keys: geometry, precision over a million tokens, cost, events.
+"""The sink cache alone, on synthetic keys: geometry, precision over a million tokens, cost, snapshots.
 
 Token t has a known key before RoPE (`raw_key(t)`, float64). The test plays the model:
-it rotates the key once at the position the cache hands out, rounds it to the storage
+it frames each step with the cache (begin_step, or prepare_decode and decode_inputs),
+rotates the key once at the position the cache hands out, rounds it to the storage
 dtype, and feeds it. Token identities ride in the values (base-16 digits: exact in any
-dtype), so the test reads which token each returned slot holds without asking the
-cache.
+dtype), so the test reads which token each slot the last query may see holds, without
+asking the cache.
 
 A key has the exact in-cache geometry when its rotary distance to the step's last
 query equals its distance in the cache the paper describes (sinks, then the window,
@@ -12,14 +13,13 @@ then the new tokens, contiguous). Only distances matter to attention, so the exp
 key is the raw key rotated once in float64 to (query position - that distance).
 """
 
-import contextlib
 import random
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from streamchat.cache import LayerSpec, SinkCache
+from streamchat.cache.snapshots import Checkpoint, ReplySnapshot, cache_state, load_cache_state, release_snapshots
 from streamchat.errors import CacheConfigError, CacheStateError
 
 HEADS, HEAD_DIM = 2, 64
@@ -53,7 +53,7 @@ class Rope:
     keeps positions small, so a position off the table fails the test.
     """
 
-    LOWEST, HIGHEST = -1024, 8192
+    LOWEST, HIGHEST = -1024, 16384
 
     def __init__(self, layout: str, inv_freq: torch.Tensor):
         self.layout = layout
@@ -76,48 +76,78 @@ class Rope:
 class Player:
     """Feeds tokens to a one-layer cache the way a model would."""
 
-    def __init__(self, sinks, window, dtype, layout="rotate_half", rotary_dim=HEAD_DIM, observer=None):
+    def __init__(self, sinks, window, dtype, layout="rotate_half", rotary_dim=HEAD_DIM):
         # Float32 frequencies, as a model keeps them; the truth uses the very same values.
         inv_freq = INV_FREQ[: rotary_dim // 2].float()
-        self.cache = SinkCache([LayerSpec(inv_freq, layout)], sinks=sinks, window=window, observer=observer)
+        self.cache = SinkCache([LayerSpec(inv_freq, layout)], sinks=sinks, window=window)
         self.rope = Rope(layout, inv_freq)
         self.dtype = dtype
         self.seen = 0
 
-    def feed(self, count: int, counter: TorchDispatchMode | None = None):
-        """Feed the next `count` tokens; return what the cache hands to attention, and their positions."""
+    def feed(self, count: int):
+        """Feed the next `count` tokens in one eager step; return what the last query sees, and its position."""
+        inputs = self.cache.begin_step(torch.arange(self.seen, self.seen + count)[None])
+        return self._write(count, inputs)
+
+    def decode(self):
+        """Feed the next token through the device-only decode step."""
+        self.cache.evict_for_space(1)
+        self.cache.prepare_decode()
+        inputs = self.cache.decode_inputs(torch.tensor([[self.seen]]))
+        return self._write(1, inputs)
+
+    def _write(self, count: int, inputs):
         tokens = torch.arange(self.seen, self.seen + count)
-        position = self.cache.get_seq_length()
-        positions = torch.arange(position, position + count)
+        positions = inputs.position_ids[0]
         keys = self.rope(raw_key(tokens), positions).to(self.dtype)[None]
         values = torch.zeros(1, HEADS, count, HEAD_DIM, dtype=self.dtype)
         values[..., :5] = encode_tokens(tokens, self.dtype)
-        with counter or contextlib.nullcontext():
-            returned = self.cache.update(keys, values, 0)
+        with torch.inference_mode():
+            keys, values = self.cache.update(keys, values, 0)
+        self.cache.finish_step()
         self.seen += count
-        return returned, positions
+        visible = inputs.attention_mask[0, 0, -1]
+        return (keys[:, :, visible], values[:, :, visible]), positions[-1].item()
 
-    def worst_error(self, returned, positions) -> float:
-        """Largest relative error of a returned key against the exact in-cache geometry."""
+    def worst_error(self, returned, last_position: int) -> float:
+        """Largest relative error of a visible key against the exact in-cache geometry."""
         keys, values = returned
         tokens = decode_tokens(values[0, 0, :, :5])
-        last_token, last_position = self.seen - 1, positions[-1].item()
-        sinks = self.cache.sinks
+        assert sorted(tokens.tolist()) == self.expected_tokens()
+        last_token, sinks = self.seen - 1, self.cache.sinks
         # In-cache distance to the last query: sinks sit right before the oldest window token.
-        oldest_window = tokens[sinks:].min().item() if len(tokens) > sinks else last_token
+        oldest_window = tokens[tokens >= sinks].min().item() if (tokens >= sinks).any() else last_token
         sink_distance = (last_token - oldest_window) + (sinks - tokens)
         distance = torch.where(tokens < sinks, sink_distance, last_token - tokens)
         expected = self.rope(raw_key(tokens), last_position - distance)
         error = (keys[0].double() - expected).norm(dim=-1) / expected.norm(dim=-1)
         return error.max().item()
 
+    def expected_tokens(self) -> list[int]:
+        sinks, window = self.cache.sinks, self.cache.window
+        return list(range(min(self.seen, sinks))) + list(range(max(sinks, self.seen - window), self.seen))
+
 
 def test_positions_are_exact_in_float32_after_many_evictions():
     player = Player(sinks=4, window=60, dtype=torch.float32)
     player.feed(30)
     for count in [1] * 500 + [7, 60, 1, 33] * 20:
-        returned, positions = player.feed(count)
-        assert player.worst_error(returned, positions) < 1e-5
+        returned, position = player.feed(count)
+        assert player.worst_error(returned, position) < 1e-5
+
+
+def test_decode_steps_are_exact_and_equal_to_eager_steps():
+    eager, device = Player(sinks=4, window=60, dtype=torch.bfloat16), Player(sinks=4, window=60, dtype=torch.bfloat16)
+    for player in (eager, device):
+        player.feed(30)
+    for step in range(400):
+        count = 9 if step % 97 == 50 else 1
+        expected = eager.feed(count)
+        got = device.feed(count) if count > 1 else device.decode()
+        assert device.worst_error(*got) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
+        for ours, theirs in zip(got[0], expected[0], strict=True):
+            assert torch.equal(ours, theirs)
+        assert got[1] == expected[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -127,12 +157,12 @@ def test_a_million_tokens_drift_no_more_than_two_roundings(dtype):
     worst, highest_position = 0.0, 0
     while player.seen < 1_000_000:
         count = 1 if rng.random() < 0.25 else rng.randint(30, 60)
-        returned, positions = player.feed(count)
-        highest_position = max(highest_position, positions[-1].item())
+        returned, position = player.feed(count)
+        highest_position = max(highest_position, position)
         if player.seen % 97 == 0 or player.seen > 999_000:
-            worst = max(worst, player.worst_error(returned, positions))
-    returned, positions = player.feed(1)
-    worst = max(worst, player.worst_error(returned, positions))
+            worst = max(worst, player.worst_error(returned, position))
+    returned, position = player.decode()
+    worst = max(worst, player.worst_error(returned, position))
     assert worst <= 2 * UNIT_ROUNDOFF[dtype]
     # Positions stay small (fp32 rotary angles stay precise) however long the stream.
     assert highest_position < player.cache.ledger.rebase_at + 60
@@ -142,77 +172,46 @@ def test_a_million_tokens_drift_no_more_than_two_roundings(dtype):
 @pytest.mark.parametrize(("layout", "rotary_dim"), [("interleaved", HEAD_DIM), ("rotate_half", 16)])
 def test_other_rotary_layouts_keep_exact_geometry(layout, rotary_dim):
     player = Player(sinks=4, window=40, dtype=torch.bfloat16, layout=layout, rotary_dim=rotary_dim)
-    for count in [20] + [1] * 300 + [13] * 40:
-        returned, positions = player.feed(count)
-        assert player.worst_error(returned, positions) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
+    player.feed(20)
+    for count in [1] * 300 + [13] * 40:
+        returned, position = player.feed(count) if count > 1 else player.decode()
+        assert player.worst_error(returned, position) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
 
 
-def test_storage_is_allocated_once_and_decode_returns_views_of_it():
+def test_storage_is_allocated_once_and_steps_return_views_of_it():
     player = Player(sinks=4, window=60, dtype=torch.bfloat16)
     player.feed(40)
     layer = player.cache.layers[0]
     storage = layer.keys.data_ptr()
-    for _ in range(500):
-        (keys, _), _ = player.feed(1)
-        assert keys.data_ptr() == layer.keys.data_ptr() == storage
-        assert keys.shape[2] == min(player.seen, 64)
+    for _ in range(300):
+        player.decode()
+        assert layer.keys.data_ptr() == storage
+    assert layer.keys.shape[2] == 4 + 61  # the sinks, then one slot more than the window
 
 
-class _CountWrites(TorchDispatchMode):
-    """Counts the tensor elements that operations write: fresh results and in-place targets, not views."""
-
-    def __init__(self):
-        super().__init__()
-        self.written = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outputs = out if isinstance(out, (tuple, list)) else [out]
-        for returned, tensor in zip(func._schema.returns, outputs, strict=False):
-            alias = returned.alias_info
-            if isinstance(tensor, torch.Tensor) and (alias is None or alias.is_write):
-                self.written += tensor.numel()
-        return out
-
-
-def _decode_cost(player: Player, steps: int) -> list[int]:
-    costs = []
-    for _ in range(steps):
-        if player.cache.ledger.next_position + 1 >= player.cache.ledger.rebase_at:
-            player.feed(1)  # the rare rebase step, measured separately
-            continue
-        counter = _CountWrites()
-        player.feed(1, counter)
-        costs.append(counter.written)
-    return costs
-
-
-def test_a_decode_step_costs_the_same_early_and_late_and_does_not_touch_the_window():
+def test_a_decode_step_writes_its_slot_and_the_sinks_and_nothing_else():
     player = Player(sinks=4, window=2000, dtype=torch.bfloat16)
     for _ in range(3):
         player.feed(1000)
-    early = _decode_cost(player, 20)
-    while player.seen < 100_000:
-        player.feed(2000)
-    late = _decode_cost(player, 20)
-    assert set(early) == set(late) and len(set(late)) == 1
-    # Writing one token plus rotating four sinks: a small multiple of sinks * heads * head_dim,
-    # far below one pass over the window (2000 * heads * head_dim).
-    assert late[0] < 40 * HEADS * HEAD_DIM
+    layer = player.cache.layers[0]
+    for _ in range(20):
+        keys, values = layer.keys.clone(), layer.values.clone()
+        write = player.cache.ledger.sinks + player.cache.ledger.ring.next_slot
+        player.decode()
+        changed = ((layer.keys != keys) | (layer.values != values)).any(dim=-1).any(dim=1)[0].nonzero().flatten()
+        assert set(changed.tolist()) <= {0, 1, 2, 3, write}
 
 
 def test_evictions_are_reported_with_stream_indices_and_occupancy():
-    seen = []
-    player = Player(sinks=4, window=10, dtype=torch.float32, observer=seen.append)
+    player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(14)
+    first = player.cache.evict_for_space(3)
     player.feed(3)
-    explicit = player.cache.evict_for_space(2)
-    assert [(e.count, e.first_index, e.last_index) for e in seen] == [(3, 4, 6), (2, 7, 8)]
-    assert explicit is seen[-1]
-    assert explicit.stats.used == 12 and explicit.stats.evicted == 5
+    second = player.cache.evict_for_space(2)
+    assert [(e.count, e.first_index, e.last_index) for e in (first, second)] == [(3, 4, 6), (2, 7, 8)]
+    assert second.stats.used == 12 and second.stats.evicted == 5
     stats = player.cache.stats()
-    held = (stats.sinks_held, stats.window_used, stats.capacity, stats.seen, stats.evicted)
-    assert held == (4, 8, 14, 17, 5)
+    assert (stats.sinks_held, stats.window_used, stats.capacity, stats.seen, stats.evicted) == (4, 8, 14, 17, 5)
 
 
 def test_reset_forgets_everything():
@@ -222,29 +221,77 @@ def test_reset_forgets_everything():
     player.cache.reset()
     assert player.cache.stats().used == 0 and player.cache.get_seq_length() == 0
     player.seen = 0
-    returned, positions = player.feed(6)
-    assert player.worst_error(returned, positions) < 1e-6
+    returned, position = player.feed(6)
+    assert player.worst_error(returned, position) < 1e-6
 
 
-def test_restore_returns_to_the_snapshot_exactly_even_after_evictions_and_a_rebase():
-    player = Player(sinks=4, window=10, dtype=torch.bfloat16)
-    player.feed(14)
-    snapshot, seen = player.cache.snapshot(), player.seen
-    first = [player.feed(count)[0] for count in [1] * 30 + [7]]  # passes rebase_at (24)
-    player.cache.restore(snapshot)
+def _play(player: Player, counts: list[int]) -> list:
+    return [player.feed(count) if count > 1 else player.decode() for count in counts]
+
+
+@pytest.mark.parametrize("budget", [40, 100])
+def test_restore_takes_back_everything_the_budget_covers_even_past_a_rebase(budget):
+    player = Player(sinks=4, window=60, dtype=torch.bfloat16)
+    player.feed(60)
+    player.feed(50)  # positions 110 of a rebase due at 124
+    snapshot, seen = ReplySnapshot.take(player.cache, budget), player.seen
+    counts = [1] * (budget - 7) + [7]  # the reply: tokens one by one, then its closing
+    first = _play(player, counts)
+    snapshot.restore(player.cache)
     player.seen = seen
-    assert player.cache.stats().used == 14 and player.cache.stats().seen == 14
-    again = [player.feed(count)[0] for count in [1] * 30 + [7]]
-    for (keys, values), (keys_again, values_again) in zip(first, again, strict=True):
-        assert torch.equal(keys, keys_again) and torch.equal(values, values_again)
+    assert player.cache.stats().used == 64 and player.cache.stats().seen == 110
+    again = _play(player, counts)
+    for (returned, position), (returned_again, position_again) in zip(first, again, strict=True):
+        assert position == position_again
+        assert all(torch.equal(a, b) for a, b in zip(returned, returned_again, strict=True))
+    # Only what the reply could overwrite was saved: the sinks and `budget` ring slots, unless that is all of them.
+    saved_slots = 4 + min(budget, 61)
+    assert snapshot.nbytes == saved_slots * 2 * HEADS * HEAD_DIM * 2 + 2 * (HEADS * 4 * HEAD_DIM * 4)
+
+
+def test_a_partial_snapshot_holds_rebases_until_it_is_released():
+    player = Player(sinks=4, window=60, dtype=torch.bfloat16)
+    player.feed(60)
+    player.feed(60)
+    ReplySnapshot.take(player.cache, 40)
+    _play(player, [1] * 30)
+    assert player.cache.get_seq_length() > player.cache.ledger.rebase_at  # held
+    release_snapshots(player.cache)
+    returned, position = player.decode()
+    assert position < player.cache.ledger.rebase_at
+    assert player.worst_error(returned, position) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
+
+
+def test_rolling_back_a_decode_step_is_exact():
+    taken_back, straight = Player(4, 30, torch.bfloat16), Player(4, 30, torch.bfloat16)
+    for player in (taken_back, straight):
+        player.feed(30)
+        _play(player, [1] * 20)
+    checkpoint = Checkpoint.take(taken_back.cache)
+    taken_back.decode()
+    checkpoint.restore(taken_back.cache)
+    taken_back.seen -= 1
+    for (ours, position), (theirs, their_position) in zip(
+        _play(taken_back, [1, 1, 5]), _play(straight, [1, 1, 5]), strict=True
+    ):
+        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
 def test_an_interrupted_forward_pass_is_detected():
     spec = LayerSpec(INV_FREQ.float())
     cache = SinkCache([spec, spec], sinks=2, window=8)
     keys = torch.zeros(1, HEADS, 1, HEAD_DIM)
+    cache.begin_step(torch.zeros(1, 1, dtype=torch.long))
     cache.update(keys, keys, 0)  # layer 1 never runs: the pass stopped half way
+    assert not cache.is_consistent()
     with pytest.raises(CacheStateError, match="forward pass stopped half way"):
+        cache.begin_step(torch.zeros(1, 1, dtype=torch.long))
+
+
+def test_a_model_called_without_the_cache_s_step_is_refused_with_the_way_out():
+    cache = SinkCache([LayerSpec(INV_FREQ.float())], sinks=2, window=8)
+    keys = torch.zeros(1, HEADS, 1, HEAD_DIM)
+    with pytest.raises(CacheStateError, match=r"call the model through cache\.feeding"):
         cache.update(keys, keys, 0)
 
 
@@ -253,3 +300,26 @@ def test_steps_longer_than_the_window_are_refused():
     player.feed(4)
     with pytest.raises(CacheConfigError, match="feed at most 10 at a time"):
         player.feed(11)
+
+
+def test_the_whole_state_saved_and_loaded_into_a_new_cache_continues_exactly():
+    saved, straight = Player(4, 30, torch.bfloat16), Player(4, 30, torch.bfloat16)
+    for player in (saved, straight):
+        player.feed(30)
+        _play(player, [1] * 45 + [6])
+    state = {name: tensor.clone() for name, tensor in cache_state(saved.cache).items()}
+    resumed = Player(4, 30, torch.bfloat16)
+    load_cache_state(resumed.cache, state)
+    resumed.seen = saved.seen
+    assert resumed.cache.stats() == straight.cache.stats()
+    for (ours, position), (theirs, their_position) in zip(
+        _play(resumed, [1] * 50 + [5]), _play(straight, [1] * 50 + [5]), strict=True
+    ):
+        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_a_state_saved_from_another_shape_is_refused():
+    player = Player(4, 30, torch.bfloat16)
+    player.feed(10)
+    with pytest.raises(CacheStateError, match=r"saved cache is 4 sinks \+ 30 window .* this one is 4 \+ 40"):
+        load_cache_state(Player(4, 40, torch.bfloat16).cache, cache_state(player.cache))

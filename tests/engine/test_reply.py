@@ -39,12 +39,6 @@ def test_the_earliest_of_several_stop_strings_wins():
     assert reply.text == "abc"
 
 
-def test_the_pending_token_is_handed_over_once():
-    reply, _ = grow("hi")
-    assert reply.take_pending() == [reply.ids[-1]]
-    assert reply.take_pending() == []
-
-
 def test_stats_count_the_tokens_and_time_the_prompt_the_first_token_and_the_rest():
     reply, _ = grow("hello there")
     stats = reply.stats(prompt_tokens=7)

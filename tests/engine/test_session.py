@@ -150,16 +150,16 @@ def test_an_abandoned_reply_is_closed_too():
 def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
     session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), sinks=4, window=30)
     sampled = []
-    next_token = session.sampler.next_token
-    session.sampler.next_token = lambda *args: sampled.append(next_token(*args)) or sampled[-1]
+    next_token = session.decoder.next
+    session.decoder.next = lambda: sampled.append(next_token()) or sampled[-1]
     prompt = session.chat_format.prompt_ids("Hello!", first_turn=True)
     turn = session.chat("Hello!")
     for event in turn:
         if isinstance(event, Evicted) and len(sampled) > 3:
-            break  # an eviction that makes room for the latest sampled token, not yet fed
+            break  # the eviction that made room for the latest sampled token
     turn.close()
     eot = list(session.chat_format.end_of_turn_ids)
-    assert session.mirror.token_ids()[-len(eot) - 1 :] == [sampled[-1], *eot]
+    assert session.mirror.token_ids()[-len(eot) - 1 :] == [sampled[-1].token, *eot]
     assert session.cache_stats().seen == len(prompt) + len(sampled) + len(eot)
 
 

@@ -17,7 +17,7 @@ LAYOUTS = {"cohere": "interleaved"}  # every other supported model type rotates 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool):
     """x [..., seq, head_dim] in float64, rotated at positions [seq] over its first 2*len(inv_freq) dims."""
     rotary_dim = 2 * inv_freq.numel()
-    angles = positions.double()[:, None] * inv_freq.double()[None, :]
+    angles = positions.double()[:, None] * inv_freq.to(positions.device).double()[None, :]
     cos, sin = angles.cos(), angles.sin()
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
     if interleaved:
@@ -103,7 +103,8 @@ class NaiveSinkCache(Cache):
         layer = self.layers[layer_idx]
         incoming = key_states.shape[-2]
         base = self.frame + len(self.kept)  # the model rotated the new keys at base, base+1, ...
-        new_positions = torch.arange(base, base + incoming)
+        device = key_states.device
+        new_positions = torch.arange(base, base + incoming, device=device)
         raw_new = _rotate(key_states.double(), new_positions, -layer.inv_freq, layer.interleaved)
         new_tokens = list(range(self.seen, self.seen + incoming))
         if layer.raw_keys is None:
@@ -117,18 +118,18 @@ class NaiveSinkCache(Cache):
         else:
             old = [t for t in layer.tokens if t < self.seen][-(layer.sliding_window - 1) :]
             visible = old + new_tokens
-        index = torch.tensor([layer.tokens.index(t) for t in visible])
+        index = torch.tensor([layer.tokens.index(t) for t in visible], device=device)
         raw = layer.raw_keys.index_select(2, index)
         values = layer.values.index_select(2, index)
         if layer.sliding_window is None:
-            positions = self.frame + torch.arange(len(visible))
+            positions = self.frame + torch.arange(len(visible), device=device)
         else:
             # As trained: distances in the stream, the first new query at `base`.
-            positions = torch.tensor([base - (self.seen - t) for t in visible])
+            positions = torch.tensor([base - (self.seen - t) for t in visible], device=device)
         keys = _rotate(raw, positions, layer.inv_freq, layer.interleaved).to(key_states.dtype)
         # Forget what no layer will need again.
         keep = set(visible) if layer.sliding_window is None else set(visible[-layer.sliding_window :])
-        survivors = torch.tensor([i for i, t in enumerate(layer.tokens) if t in keep])
+        survivors = torch.tensor([i for i, t in enumerate(layer.tokens) if t in keep], device=device)
         layer.raw_keys = layer.raw_keys.index_select(2, survivors)
         layer.values = layer.values.index_select(2, survivors)
         layer.tokens = [t for t in layer.tokens if t in keep]

@@ -1,0 +1,45 @@
+"""Attention masks over the cache's slots, as the model's attention implementation takes them.
+
+Slots never move, so attention finds the cache's tokens through a mask rather than
+through their order: a row per query, a column per slot (or per key handed over).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# How each attention implementation the sink cache runs with takes a mask: sdpa a boolean
+# one (True: attend), eager one added to the scores.
+BOOLEAN_MASK_ATTENTION = frozenset({"sdpa"})
+
+
+def chunk_mask(held: torch.Tensor, new_slots: torch.Tensor) -> torch.Tensor:
+    """[queries, slots]: every query sees the slots `held` [slots] marks, except new tokens after itself.
+
+    `held` includes the chunk's own tokens, which sit in `new_slots` [queries] in order.
+    """
+    queries = new_slots.numel()
+    mask = held.expand(queries, -1).clone()
+    causal = torch.ones(queries, queries, dtype=torch.bool, device=held.device).tril()
+    mask[:, new_slots] = causal
+    return mask
+
+
+def banded_causal(kept: int, incoming: int, window: int, device: torch.device) -> torch.Tensor:
+    """[incoming, kept + incoming] for keys laid out as `kept` old tokens then the new ones, in stream order.
+
+    Query i sees key j when j is not after it and at most `window - 1` tokens before it.
+    """
+    queries = torch.arange(incoming, device=device)[:, None] + kept
+    keys = torch.arange(kept + incoming, device=device)[None, :]
+    distance = queries - keys
+    return (distance >= 0) & (distance < window)
+
+
+def for_attention(mask: torch.Tensor, boolean: bool, dtype: torch.dtype) -> torch.Tensor:
+    """A [queries, keys] boolean mask as the 4D mask [1, 1, queries, keys] the attention takes."""
+    mask = mask[None, None]
+    if boolean:
+        return mask
+    attend = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask, attend, torch.finfo(dtype).min)
