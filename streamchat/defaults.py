@@ -5,6 +5,9 @@ SINKS = 4
 WINDOW = 2000
 # Longest run of tokens fed to the model in one forward pass while prefilling.
 PREFILL_CHUNK = 256
+# A prompt longer than the cache: False reads its start and its last two windows (the rest
+# would be evicted before the model answers), True streams every token through the cache.
+READ_ALL = False
 # "token": evict just what each step needs (keeps the most context).
 # "turn": the paper's demo, reserve prompt + max_new_tokens before each turn.
 EVICTION_POLICY = "token"

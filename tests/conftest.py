@@ -64,3 +64,11 @@ def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory):
     from tests.support.model_dirs import save_tiny_chat_model
 
     return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
+
+
+@pytest.fixture(scope="session")
+def scripted_chat_model(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny model directory whose greedy reply is always HOSTILE_REPLY_PIECES: every class of escape sequence."""
+    from tests.support.model_dirs import save_scripted_chat_model
+
+    return save_scripted_chat_model(tmp_path_factory.mktemp("scripted-chat-model"))

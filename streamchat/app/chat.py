@@ -2,26 +2,29 @@
 
 The loop drives the engine and hands every event to the display; it renders nothing
 itself. Ctrl-C during a reply stops the reply (the session stays consistent); a
-second Ctrl-C abandons it, and the cache is rebuilt from the transcript.
+second Ctrl-C abandons it, and the cache is rebuilt from the transcript. After every
+line, the journal records what changed, so the session file is never behind.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from streamchat.app import commands
 from streamchat.app.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
-from streamchat.app.status import status_figures
-from streamchat.engine.events import Event, TurnFinished
+from streamchat.app.signals import Interrupted, termination_deferred
+from streamchat.app.status import first_words, status_figures
+from streamchat.app.typeahead import keys_held
+from streamchat.engine.events import Event, StopReason, TurnFinished
+from streamchat.engine.journal import Journal, claim_journal, release_journal
 from streamchat.engine.session import ChatSession
+from streamchat.engine.session_file import JOURNAL_VERSION, read_session
 from streamchat.errors import CommandError, StreamchatError
 
 
@@ -31,11 +34,12 @@ class ChatApp:
     display: ChatDisplay
     prompter: Prompter
     model_name: str
-    sessions_dir: Path
+    journal: Journal
 
     def __post_init__(self) -> None:
         self.turns = 0
         self.last_turn: TurnFinished | None = None
+        self._stop_reason: StopReason | None = None  # of a reply the journal has not recorded yet
 
     def run(self) -> int:
         try:
@@ -44,19 +48,27 @@ class ChatApp:
                     item = commands.parse_line(line)
                     if isinstance(item, commands.Message):
                         if item.text.strip():
+                            self.journal.record_user(self.session, item.text)
                             self.turn(self.session.chat(item.text))
                     elif self.command(item) is commands.Quit:
                         break
                 except StreamchatError as error:
                     self.display.error(str(error))
+                finally:
+                    # Whatever the line did to the conversation goes to its session file now.
+                    self.record()
         finally:
-            # However the chat ends (Ctrl-C while the cache is rebuilt, a bug), the conversation is saved.
+            # However the chat ends (Ctrl-C while the cache is rebuilt, SIGTERM, a bug), say where it is.
             self.goodbye()
         return 0
 
+    def record(self) -> None:
+        self.journal.record(self.session, self._stop_reason)
+        self._stop_reason = None
+
     def turn(self, events: Iterator[Event]) -> None:
         try:
-            with _stop_on_interrupt(self.session), _keys_not_echoed():
+            with termination_deferred(self.session.stop), _stop_on_interrupt(self.session), keys_held():
                 self.display.show(self._counted(events))
         except KeyboardInterrupt:
             self.display.notice("reply abandoned; rebuilding the cache from the transcript")
@@ -71,6 +83,7 @@ class ChatApp:
             if isinstance(event, TurnFinished):
                 self.turns += 1
                 self.last_turn = event
+                self._stop_reason = event.stats.stop_reason
             yield event
 
     # ---- slash commands -------------------------------------------------------------------
@@ -84,6 +97,7 @@ class ChatApp:
                 display.notice('Esc then Enter starts a new line; """ starts a block that """ ends.')
             case commands.Reset():
                 session.reset()
+                self.journal.new_conversation()
                 display.notice("conversation and cache cleared")
             case commands.Regen():
                 self.turn(session.regenerate())
@@ -99,12 +113,15 @@ class ChatApp:
             case commands.Set(key=key, value=value):
                 session.set_option(key, value)
                 display.notice(f"{key} = {dict(session.options())[key]}")
+            case commands.Save(path=None):
+                self.record()
+                where = self.journal.path
+                display.notice(f"the conversation is saved as it goes, in {where}" if where else "nothing to save yet")
             case commands.Save(path=path):
-                target = path or self.new_session_path()
-                session.save(target, self.model_name)
-                display.notice(f"saved {len(session.transcript)} messages to {target}")
+                session.save(path, self.model_name)
+                display.notice(f"saved {len(session.transcript)} messages to {path}")
             case commands.Load(path=path):
-                self.turn(session.load(path))
+                self.load(path)
             case commands.Stats():
                 display.table("session", self.stats_rows())
             case commands.CacheInfo():
@@ -147,42 +164,42 @@ class ChatApp:
             ("forgotten", "; ".join(forgotten)),
         ]
 
-    def new_session_path(self) -> Path:
-        """Where /save without a file, and leaving, save the conversation: a new file each time."""
-        return self.sessions_dir / f"session-{datetime.now():%Y%m%d-%H%M%S}.json"
+    def load(self, path: Path) -> None:
+        """Replace the conversation with a saved one; a journal is resumed, so the conversation goes on in it."""
+        saved = read_session(path)
+        current = self.journal.path
+        is_current = current is not None and current.resolve() == path.resolve()
+        # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
+        claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
+        try:
+            replay = self.session.load(path)
+        except BaseException:
+            if claimed is not None:
+                release_journal(claimed)
+            raise
+        if claimed is not None:
+            self.journal.resume(path, saved, claimed)
+        elif saved.version != JOURNAL_VERSION:
+            self.journal.new_conversation()  # an old JSON file: the conversation goes on in a new journal
+        self.turn(replay)
+        if saved.unanswered is not None:
+            self.display.notice(
+                "the last message in that session never got its reply (the session ended first), so it was "
+                f"left out: {first_words(' '.join(saved.unanswered.split()), 80)}"
+            )
 
     def goodbye(self) -> None:
+        self.journal.close()
         stats = self.session.cache_stats()
         turns = f"{self.turns} turn{'' if self.turns == 1 else 's'}"
         line = f"{turns} · {stats.seen:,} tokens streamed · {stats.evicted:,} evicted"
-        if self.session.transcript:
-            target = self.new_session_path()
-            try:
-                self.session.save(target, self.model_name)
-                line += f" · saved to {target} (/load it to continue)"
-            except StreamchatError as error:
-                line += f" · not saved: {error}"
-        self.display.notice(line)
-
-
-@contextmanager
-def _keys_not_echoed() -> Iterator[None]:
-    """Keys typed while a reply streams wait for the next prompt instead of landing in the reply."""
-    try:
-        import termios
-
-        descriptor = sys.stdin.fileno()
-        saved = termios.tcgetattr(descriptor)
-    except (ImportError, OSError, ValueError):  # not a terminal, or not POSIX
-        yield
-        return
-    quiet = list(saved)
-    quiet[3] &= ~termios.ECHO
-    termios.tcsetattr(descriptor, termios.TCSANOW, quiet)
-    try:
-        yield
-    finally:
-        termios.tcsetattr(descriptor, termios.TCSANOW, saved)
+        if self.journal.failure is not None:
+            line += f" · {self.journal.failure}"
+        elif self.journal.path is not None:
+            line += f" · saved to {self.journal.path} (/load it to continue)"
+        # After SIGHUP the terminal may be gone: the session file is written, and that is what matters.
+        with suppress(OSError):
+            self.display.notice(line)
 
 
 @contextmanager
@@ -194,7 +211,7 @@ def _stop_on_interrupt(session: ChatSession) -> Iterator[None]:
         nonlocal presses
         presses += 1
         if presses > 1:
-            raise KeyboardInterrupt
+            raise Interrupted
         session.stop()
 
     previous = signal.signal(signal.SIGINT, on_interrupt)

@@ -7,6 +7,7 @@ torch and transformers are imported only by the commands that load a model, so
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -16,14 +17,20 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from streamchat import __version__, defaults
+from streamchat.app import signals
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
-from streamchat.app.errors import reported_errors, stderr
-from streamchat.app.launch import load_options, run_chat
+from streamchat.app.errors import notify, reported_errors, stderr
+from streamchat.app.launch import data_dir, load_options, run_chat
+from streamchat.app.listings import catalog_record, models_table, session_record, sessions_table
+from streamchat.app.safe_text import safe_text
+from streamchat.app.tables import print_table
 from streamchat.bench.commands import bench_app
+from streamchat.engine.session_file import list_sessions
 from streamchat.loading import LoadedModel, LoadOptions, load_model
-from streamchat.loading.catalog import CatalogEntry, model_catalog
+from streamchat.loading.catalog import model_catalog
 from streamchat.loading.device import DEVICE_MAPS
 from streamchat.loading.resolve import ModelSource
 
@@ -98,7 +105,12 @@ AllowPickleOption = Annotated[
 
 
 def main() -> None:
-    app()
+    """The console script: signals become exceptions, so that every way out runs the same cleanup."""
+    signals.install()
+    try:
+        app()
+    except signals.Terminated as terminated:  # outside any command's own handling (option parsing)
+        sys.exit(terminated.exit_code)
 
 
 def _show_version(requested: bool) -> None:
@@ -117,26 +129,33 @@ def _root(
     """Endless terminal chat with local Hugging Face models through a sink-preserving rolling KV cache."""
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
 @app.command()
-def models() -> None:
+def models(as_json: JsonOption = False) -> None:
     """List the model aliases, what each resolves to, and which load offline right now."""
     with reported_errors():
         entries = model_catalog()
-    table = Table(box=None, pad_edge=False)
-    table.add_column("alias", no_wrap=True)
-    # Folded, not cut: a path or hub id is useless with its end replaced by an ellipsis.
-    table.add_column("resolves to", overflow="fold")
-    table.add_column("offline")
-    for entry in entries:
-        alias = f"{entry.alias} [dim](default)[/]" if entry.is_default else entry.alias
-        table.add_row(alias, entry.source.location, _availability(entry))
-    stdout.print(table)
+    if as_json:
+        typer.echo(json.dumps([catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
+    else:
+        print_table(stdout, models_table(entries))
 
 
-def _availability(entry: CatalogEntry) -> str:
-    if entry.source.kind == "gguf":
-        return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
-    return "yes, in the Hugging Face cache" if entry.offline else "no"
+@app.command()
+def sessions(as_json: JsonOption = False) -> None:
+    """List the saved sessions, newest first: when, model, turns and the first message (`/load FILE` resumes one)."""
+    directory = data_dir() / "sessions"
+    summaries, problems = list_sessions(directory)
+    for problem in problems:
+        stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(problem)))
+    if as_json:
+        typer.echo(json.dumps([session_record(summary) for summary in summaries], indent=2, ensure_ascii=False))
+    elif summaries:
+        print_table(stdout, sessions_table(summaries))
+    else:
+        stderr.print(Text(f"no saved sessions in {directory}"))
 
 
 @app.command()
@@ -177,6 +196,17 @@ def run(
             f"\\[default: {defaults.EVICTION_POLICY}]",
             "Cache",
             metavar="[token|turn]",
+        ),
+    ] = None,
+    read_all: Annotated[
+        bool | None,
+        _run_option(
+            "A message longer than the cache holds: --read-tail reads its start and its last two windows "
+            "(the model could not see the rest anyway); --read-all streams every token, with progress. "
+            "\\[default: --read-tail]",
+            "Cache",
+            "--read-all/--read-tail",
+            metavar="",
         ),
     ] = None,
     max_new_tokens: Annotated[
@@ -284,7 +314,7 @@ def run(
 
 def _load(options: LoadOptions) -> LoadedModel:
     with reported_errors(), _garbage_collection_paused():
-        return load_model(options, notify=stderr.print)
+        return load_model(options, notify=notify)
 
 
 @contextmanager
@@ -322,8 +352,8 @@ def _print_summary(loaded: LoadedModel) -> None:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows.items():
-        table.add_row(key, value)
-    stdout.print(table)
+        table.add_row(key, safe_text(value))
+    print_table(stdout, table)
 
 
 def _describe_source(source: ModelSource) -> str:

@@ -115,7 +115,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("regen", "/regen", "answer the last message again", "none", lambda _: Regen()),
     CommandSpec("system", "/system [TEXT]", "set the system prompt, or show it", "optional", System),
     CommandSpec("set", _SET_USAGE, "change a setting, or show them all", "optional", _set_command),
-    CommandSpec("save", "/save [FILE]", "save the conversation", "optional", _save_command),
+    CommandSpec("save", "/save [FILE]", "say where it is saved, or save a copy as JSON", "optional", _save_command),
     CommandSpec("load", "/load FILE", "load a saved conversation", "required", _load_command),
     CommandSpec("stats", "/stats", "show speed and token counts", "none", lambda _: Stats()),
     CommandSpec("cache", "/cache", "show what the cache holds", "none", lambda _: CacheInfo()),

@@ -142,6 +142,7 @@ class RunConfig:
     dtype: str = defaults.DTYPE
     device_map: str | None = None
     evict: str = defaults.EVICTION_POLICY
+    read_all: bool = defaults.READ_ALL
     trust_remote_code: bool = False
     allow_pickle: bool = False
     markdown: bool = False
@@ -180,6 +181,7 @@ _CONVERTERS: dict[str, Converter] = {
     "dtype": _checked(_text, is_dtype_name, f"must be one of {DTYPE_NAMES}"),
     "device_map": _text,
     "evict": _one_of(defaults.EVICTION_POLICIES),
+    "read_all": _boolean,
     "trust_remote_code": _boolean,
     "allow_pickle": _boolean,
     "markdown": _boolean,

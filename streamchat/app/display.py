@@ -18,6 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from streamchat.app.safe_text import safe_plain, safe_text
 from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
@@ -26,6 +27,8 @@ from streamchat.engine.events import (
     Compiling,
     Event,
     Evicted,
+    PromptProgress,
+    PromptSkipped,
     PromptTruncated,
     Replayed,
     TextDelta,
@@ -82,12 +85,15 @@ class ChatDisplay:
         self._partial = ""
         self._reply = ""
         self._evictions = _TurnEvictions()
+        self._reading: PromptProgress | None = None  # a long prompt being read
+        self._skipped = False  # this turn's prompt was read in part, and the user was told
 
     # ---- a turn -----------------------------------------------------------------------------
 
     def show(self, events: Iterable[Event]) -> None:
         """Render events as they come, with the live panel up while they last."""
         self._partial, self._reply, self._evictions = "", "", _TurnEvictions()
+        self._reading, self._skipped = None, False
         self.speed = 0.0
         with Live(
             self,
@@ -111,13 +117,19 @@ class ChatDisplay:
 
     def handle(self, event: Event) -> None:
         if isinstance(event, TextDelta):
+            self._reading = None
             self._add_text(event.text)
+        elif isinstance(event, PromptProgress):
+            self._reading = event if event.read_tokens < event.total_tokens else None
+        elif isinstance(event, PromptSkipped):
+            self._reading, self._skipped = None, True
+            self._print(Text(prompt_skipped_text(event), style="yellow"))
         elif isinstance(event, Evicted):
             self._evictions.add(event)
             self.stats = event.stats
         elif isinstance(event, CacheOccupancy):
             self.stats, self.speed = event.stats, event.decode_tokens_per_second
-        elif isinstance(event, PromptTruncated):
+        elif isinstance(event, PromptTruncated) and not self._skipped:
             self._print(
                 Text(
                     f"⚠ your message is {event.prompt_tokens:,} tokens, more than the cache holds: "
@@ -142,9 +154,11 @@ class ChatDisplay:
     def __rich__(self) -> RenderableType:
         parts: list[RenderableType] = []
         if self.show_text and self._partial:
-            parts.append(Text(self._visible_partial()))
+            parts.append(safe_text(self._visible_partial()))
         if self._evictions.count:
             parts.append(self._eviction_line())
+        if self._reading is not None:
+            parts.append(Text(reading_line(self._reading), style="dim"))
         if self.stats is not None:
             parts.append(self.status_line(self.stats, self.speed))
         return Group(*parts)
@@ -161,7 +175,7 @@ class ChatDisplay:
         """While a reply streams: the latest forgotten text, as it goes."""
         evictions = self._evictions
         preview = last_words(" ".join(evictions.tail.split()), max(16, self.console.width - 30))
-        return Text.assemble(*_forgot(evictions.count), (f"  …{preview}", "dim"))
+        return Text.assemble(*_forgot(evictions.count), safe_text(f"  …{preview}", "dim"))
 
     # ---- text ---------------------------------------------------------------------------------
 
@@ -173,11 +187,12 @@ class ChatDisplay:
         self._partial += text
         *done, self._partial = self._partial.split("\n")
         for line in done:
-            self._print(Text(line))
-        # A long paragraph without newlines: print its wrapped lines but the last.
+            self._print(safe_text(line))
+        # A long paragraph without newlines: print its wrapped lines but the last. Neutralised
+        # first, so that a control sequence is never cut in two before it is made harmless.
         width = self.console.width
         if len(self._partial) > 4 * width:
-            wrapped = Text(self._partial).wrap(self.console, width)
+            wrapped = safe_text(self._partial).wrap(self.console, width)
             for line in wrapped[:-1]:
                 self._print(line)
             self._partial = wrapped[-1].plain
@@ -192,9 +207,9 @@ class ChatDisplay:
     def _finish_text(self) -> None:
         """Print what the reply has not printed yet (all of it, as Markdown); once per reply."""
         if self.show_text and self.markdown and self._reply.strip():
-            self.console.print(Markdown(self._reply))
+            self.console.print(Markdown(safe_plain(self._reply)))
         elif self.show_text and not self.markdown and self._partial:
-            self.console.print(Text(self._partial))
+            self.console.print(safe_text(self._partial))
         self._partial = self._reply = ""
 
     def _turn_summary(self, stats: TurnStats) -> None:
@@ -205,7 +220,7 @@ class ChatDisplay:
                 Text.assemble(
                     *_forgot(evictions.count),
                     (f" (#{evictions.first_index:,}–#{evictions.last_index:,})", "dim"),
-                    (f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
+                    safe_text(f"  {evictions.preview(max(24, self.console.width - 40))}", "dim"),
                 )
             )
         self._print(Text(turn_stats_line(stats), style="dim"))
@@ -218,23 +233,47 @@ class ChatDisplay:
     # ---- outside a turn -------------------------------------------------------------------
 
     def notice(self, text: str) -> None:
-        self.console.print(Text(text, style="dim"))
+        self.console.print(safe_text(text, "dim"))
 
     def error(self, text: str) -> None:
-        self.console.print(Text.assemble(("error: ", "bold red"), text))
+        self.console.print(Text.assemble(("error:", "bold red"), " ", safe_text(text)))
 
     def table(self, title: str, rows: Iterable[tuple[str, str]]) -> None:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold", no_wrap=True)
         table.add_column(overflow="fold")
         for key, value in rows:
-            table.add_row(Text(key), Text(value))  # Text: model output is not Rich markup
+            table.add_row(safe_text(key), safe_text(value))  # Text: model output is not Rich markup
         self.console.print(Text(title, style="bold underline"))
         self.console.print(table)
 
 
 def _forgot(count: int) -> tuple[tuple[str, str], ...]:
     return ("⟲ ", "yellow"), (f"forgot {count:,} token{'s' if count != 1 else ''}", "yellow")
+
+
+def prompt_skipped_text(event: PromptSkipped) -> str:
+    """What the user is told when only part of a prompt was read."""
+    if event.reason == "stopped":
+        return (
+            f"stopped reading your message after {event.read_tokens:,} of {event.prompt_tokens:,} tokens; "
+            "the model saw only that part"
+        )
+    return (
+        f"read the last {event.read_tokens:,} of {event.prompt_tokens:,} prompt tokens; the model could not have "
+        "seen the rest; --read-all streams all of it"
+    )
+
+
+def reading_line(progress: PromptProgress) -> str:
+    """A long prompt being read: "reading your message: 12,000/250,030 tokens · 640 tok/s · 6 min 12 s left"."""
+    line = f"reading your message: {progress.read_tokens:,}/{progress.total_tokens:,} tokens"
+    if progress.tokens_per_second > 0:
+        line += f" · {progress.tokens_per_second:,.0f} tok/s"
+    if progress.seconds_left is not None:
+        minutes, seconds = divmod(round(progress.seconds_left), 60)
+        line += f" · {minutes} min {seconds} s left" if minutes else f" · {seconds} s left"
+    return line + " · Ctrl-C stops"
 
 
 def turn_stats_line(stats: TurnStats) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
+from streamchat.app.safe_text import safe_text
+from streamchat.app.signals import Terminated
 from streamchat.errors import StreamchatError
 
 # What shells report for a process ended by Ctrl-C: 128 + SIGINT.
@@ -21,12 +23,27 @@ stderr = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn domain errors and Ctrl-C inside the block into a message and an exit code."""
+    """Turn domain errors, Ctrl-C, SIGHUP and SIGTERM inside the block into a message and an exit code."""
     try:
         yield
     except StreamchatError as error:
-        stderr.print(f"[bold red]error:[/] {escape(str(error))}")
+        # Messages quote what the user gave (a file name, an option's value): shown terminal-safe.
+        stderr.print(Text.assemble(("error:", "bold red"), " ", safe_text(str(error))))
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt:
-        stderr.print("interrupted")
+        _last_words("interrupted")
         raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
+    except Terminated as terminated:
+        _last_words(f"stopped by {terminated.name}")
+        raise typer.Exit(terminated.exit_code) from None
+
+
+def _last_words(text: str) -> None:
+    # After SIGHUP the terminal may be gone: a line nobody can read must not become a traceback.
+    with suppress(OSError):
+        stderr.print(text)
+
+
+def notify(text: str) -> None:
+    """A one-line progress note (loading names files and models): terminal-safe, on stderr."""
+    stderr.print(safe_text(text))

@@ -12,6 +12,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +24,15 @@ from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
 from streamchat.app.display import ChatDisplay
 from streamchat.app.errors import stderr
+from streamchat.app.safe_text import safe_text
 from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
+from streamchat.app.typeahead import keys_held
 from streamchat.loading import LoadedModel, LoadOptions
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
+    from streamchat.engine.journal import Journal
     from streamchat.engine.session import ChatSession
 
 
@@ -48,8 +52,10 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
     # Opened and read up to its first item before the model loads, so that a missing, empty or
     # binary transcript fails at once; the rest is read as the turns run (stdin may be a live pipe).
     items = None if interactive else _first_read(_transcript_items(config))
-    loaded = load(load_options(config))
-    session = _session(config, loaded)
+    # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
+    with keys_held() if interactive else nullcontext():
+        loaded = load(load_options(config))
+        session = _session(config, loaded)
     if loaded.max_context and config.sinks + config.window > loaded.max_context:
         stderr.print(
             f"[yellow]warning:[/] a cache of {config.sinks + config.window:,} tokens is longer than the "
@@ -59,7 +65,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
         )
     if interactive:
         return _interactive(config, loaded, session)
-    return _piped(config, session, items)
+    return _piped(config, loaded, session, items)
 
 
 def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> int:
@@ -75,11 +81,12 @@ def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -
 
     prompter = Prompter(data_dir() / "history", lambda: [key for key, _ in session.options()], toolbar)
     display.notice(_banner(config, loaded))
-    app = ChatApp(session, display, prompter, loaded.source.name, data_dir() / "sessions")
+    journal = _journal(config, loaded, display.error)
+    app = ChatApp(session, display, prompter, loaded.source.name, journal)
     return app.run()
 
 
-def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
+def _piped(config: RunConfig, loaded: LoadedModel, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
     from streamchat.app.piped import run_transcript
 
     display = ChatDisplay(stderr, show_text=False) if stderr.is_terminal else None
@@ -88,9 +95,23 @@ def _piped(config: RunConfig, session: ChatSession, items: Iterator[TranscriptIt
         writer.write_message("system", config.system)
 
     def report(text: str) -> None:
-        stderr.print(Text.assemble(("warning: ", "yellow"), text), highlight=False)
+        stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(text)), highlight=False)
 
-    return run_transcript(session, items, writer, display, report)
+    journal = _journal(config, loaded, report)
+    try:
+        return run_transcript(session, items, writer, display, report, journal)
+    finally:
+        journal.close()
+        if display is not None and journal.path is not None and journal.failure is None:
+            with suppress(OSError):  # after SIGHUP, nobody may be there to read it
+                display.notice(f"saved to {journal.path} (/load it to continue)")
+
+
+def _journal(config: RunConfig, loaded: LoadedModel, on_error: Callable[[str], None]) -> Journal:
+    from streamchat.engine.journal import Journal
+
+    cache = {"sinks": config.sinks, "window": config.window}
+    return Journal(data_dir() / "sessions", loaded.source.name, cache, on_error)
 
 
 def _first_read(items: Iterator[TranscriptItem]) -> Iterator[TranscriptItem]:
@@ -128,6 +149,7 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
         sinks=config.sinks,
         window=config.window,
         eviction=config.evict,
+        read_all=config.read_all,
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),
     )

@@ -4,7 +4,7 @@ All turns run through one session. The transcript goes to stdout in the chosen
 format; the live cache display and eviction notes go to stderr, only when stderr is a
 terminal. A malformed line is reported on stderr and skipped; the run goes on and
 exits with the transcript error code at the end. Ctrl-C stops the current reply and
-ends the run.
+ends the run; so do SIGHUP and SIGTERM, with the transcript ending on a whole turn.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import signal
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from streamchat.app.display import ChatDisplay
+from streamchat.app.display import ChatDisplay, prompt_skipped_text
 from streamchat.app.errors import INTERRUPTED_EXIT_CODE
+from streamchat.app.signals import termination_deferred
 from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
-from streamchat.engine.events import Event, TextDelta, TurnFinished
+from streamchat.engine.events import Event, PromptSkipped, TextDelta, TurnFinished
+from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
 
@@ -27,8 +29,9 @@ def run_transcript(
     writer: TranscriptWriter,
     display: ChatDisplay | None,
     report: Any,
+    journal: Journal,
 ) -> int:
-    """Play every turn; return the exit code. `report(text)` prints a one-line problem on stderr."""
+    """Play every turn, recorded in `journal`; return the exit code. `report(text)` prints a one-line problem."""
     skipped = 0
     interrupted = False
 
@@ -46,19 +49,50 @@ def run_transcript(
                 report(str(item.error))
                 skipped += 1
             elif isinstance(item, SystemPrompt):
-                _render(session.set_system_prompt(item.text), display)
-                if item.text:
-                    writer.write_message("system", item.text)
+                with termination_deferred(session.stop):
+                    _render(session.set_system_prompt(item.text), display)
+                    journal.record(session)
+                    if item.text:
+                        writer.write_message("system", item.text)
             elif isinstance(item, UserTurn):
-                writer.write_message("user", item.text)
-                writer.start_reply()
-                finished = _render(_written(session.chat(item.text), writer), display)
-                writer.end_reply(_stats(finished))
+                # SIGHUP or SIGTERM stop the reply, and the run ends once the turn is written whole.
+                with termination_deferred(session.stop):
+                    _play_turn(session, item.text, writer, display, journal, report)
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         return INTERRUPTED_EXIT_CODE
     return TranscriptError.exit_code if skipped else 0
+
+
+def _play_turn(
+    session: ChatSession,
+    text: str,
+    writer: TranscriptWriter,
+    display: ChatDisplay | None,
+    journal: Journal,
+    report: Any,
+) -> None:
+    journal.record_user(session, text)
+    finished = None
+    events = session.chat(text)
+    if display is None:  # no live display to say it: a prompt read in part is worth a warning line
+        events = _skips_reported(events, report)
+    try:
+        writer.write_message("user", text)
+        writer.start_reply()
+        finished = _render(_written(events, writer), display)
+    finally:
+        # Also when the turn failed (a closed pipe, an error): the reply as far as it went.
+        journal.record(session, finished.stats.stop_reason if finished else None)
+    writer.end_reply(_stats(finished))
+
+
+def _skips_reported(events: Iterator[Event], report: Any) -> Iterator[Event]:
+    for event in events:
+        if isinstance(event, PromptSkipped):
+            report(prompt_skipped_text(event))
+        yield event
 
 
 def _written(events: Iterator[Event], writer: TranscriptWriter) -> Iterator[Event]:

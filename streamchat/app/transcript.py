@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Literal, Protocol, TextIO, get_args
 
+from streamchat.app.safe_text import safe_plain
 from streamchat.errors import TranscriptError
 
 TranscriptFormat = Literal["auto", "text", "jsonl", "mtbench"]
@@ -264,12 +266,16 @@ class TranscriptWriter(Protocol):
 
 
 class _BlockWriter:
-    r"""Text and Markdown: each message is its header, its content verbatim and a newline, with
-    a blank line between messages. Reply deltas are flushed as they arrive. A user turn and
-    its reply come out as
+    r"""Text and Markdown: each message is its header, its content and a newline, with a blank
+    line between messages. Reply deltas are flushed as they arrive. A user turn and its reply
+    come out as
 
         text:      "USER: Hi there.\n\nASSISTANT: Hello!\n"
         markdown:  "### User\n\nHi there.\n\n### Assistant\n\nHello!\n"
+
+    Content is terminal-safe (see streamchat.app.safe_text): these transcripts end up on
+    terminals (`cat`, `less -R`, the pipe itself), so control characters are written as
+    their visible markers.
     """
 
     def __init__(self, stream: TextIO, headers: Mapping[Role, str]) -> None:
@@ -279,7 +285,7 @@ class _BlockWriter:
 
     def write_message(self, role: Role, content: str) -> None:
         self._open(role)
-        self._stream.write(content)
+        self._stream.write(safe_plain(content))
         self._close()
 
     def start_reply(self) -> None:
@@ -287,7 +293,7 @@ class _BlockWriter:
         self._stream.flush()
 
     def write_delta(self, text: str) -> None:
-        self._stream.write(text)
+        self._stream.write(safe_plain(text))
         self._stream.flush()
 
     def end_reply(self, stats: Mapping[str, object] | None = None) -> None:
@@ -313,10 +319,16 @@ _MARKDOWN_HEADERS: dict[Role, str] = {
 }
 
 
+# What json.dumps(ensure_ascii=False) leaves as it is, though a terminal would act on it.
+_UNESCAPED_CONTROLS = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 class _JsonlWriter:
     """One JSON object per line and message: {"role": ..., "content": ...}, plus "stats" on a
     reply when given. A reply is written once complete, so every line is valid JSON, and the
-    output reads back as a jsonl transcript."""
+    output reads back as a jsonl transcript. Content is exact, and every control character is
+    JSON-escaped (json escapes C0 itself; DEL, C1 and bidi controls too here), so the lines are
+    safe to show on a terminal."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -326,7 +338,8 @@ class _JsonlWriter:
         record: dict[str, object] = {"role": role, "content": content}
         if stats is not None:
             record["stats"] = dict(stats)
-        self._stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        line = json.dumps(record, ensure_ascii=False)
+        self._stream.write(_UNESCAPED_CONTROLS.sub(lambda match: f"\\u{ord(match[0]):04x}", line) + "\n")
         self._stream.flush()
 
     def start_reply(self) -> None:

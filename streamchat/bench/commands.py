@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.app.errors import reported_errors, stderr
+from streamchat.app.errors import notify, reported_errors, stderr
 from streamchat.bench.report import print_report, save_results
 from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
@@ -215,7 +215,7 @@ def _stdout() -> Console:
 def _load(model: str | None, device: str, dtype: str) -> LoadedModel:
     from streamchat.loading import LoadOptions, load_model
 
-    return load_model(LoadOptions(model=model, device=device, dtype=dtype), notify=stderr.print)
+    return load_model(LoadOptions(model=model, device=device, dtype=dtype), notify=notify)
 
 
 def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str) -> BenchModel:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from streamchat.app.tables import print_table
 from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def print_report(
     checks: list[Check],
     caption: str | None = None,
 ) -> None:
-    console.print(table(title, columns, rows, caption))
+    print_table(console, table(title, columns, rows, caption))
     for check in checks:
         console.print(f"  {check.describe()}")
 

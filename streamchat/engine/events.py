@@ -41,6 +41,35 @@ class PromptTruncated:
 
 
 @dataclass(frozen=True)
+class PromptSkipped:
+    """Only part of a prompt was read: `too_long` for the cache (its start and its end were read,
+    as a replay reads a conversation), or `stopped` by stop() while it was read."""
+
+    prompt_tokens: int
+    read_tokens: int
+    reason: Literal["too_long", "stopped"]
+
+    @property
+    def skipped_tokens(self) -> int:
+        return self.prompt_tokens - self.read_tokens
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """A prompt that takes more than one forward pass is being read: so far, of all that will be read."""
+
+    read_tokens: int
+    total_tokens: int
+    tokens_per_second: float
+
+    @property
+    def seconds_left(self) -> float | None:
+        if self.tokens_per_second <= 0:
+            return None
+        return (self.total_tokens - self.read_tokens) / self.tokens_per_second
+
+
+@dataclass(frozen=True)
 class CacheOccupancy:
     """How full the cache is now, and the decode speed so far this turn (0 before the first token)."""
 
@@ -96,4 +125,15 @@ class Replayed:
     tokens: int  # fed: the sinks and the end of the conversation, not the middle it would evict
 
 
-Event = TextDelta | Evicted | PromptTruncated | CacheOccupancy | TurnFinished | Replayed | Compiling | Compiled
+Event = (
+    TextDelta
+    | Evicted
+    | PromptTruncated
+    | PromptSkipped
+    | PromptProgress
+    | CacheOccupancy
+    | TurnFinished
+    | Replayed
+    | Compiling
+    | Compiled
+)

@@ -32,22 +32,20 @@ from streamchat.engine.events import (
     Compiling,
     Event,
     Evicted,
+    PromptSkipped,
     PromptTruncated,
     Replayed,
     TextDelta,
     TurnFinished,
 )
 from streamchat.engine.mirror import CacheMirror, CacheView
+from streamchat.engine.prompt_reading import REPLAYED_WINDOWS, ReadingProgress, prompt_parts, replayed_parts
 from streamchat.engine.reply import Reply
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.session_file import SavedSession, read_session, save_session
 from streamchat.engine.settings import GenerationSettings
 from streamchat.engine.template import ChatFormat, Message, stop_token_ids
 from streamchat.errors import ConfigError, OutOfMemoryError, is_out_of_memory
-
-# A replay feeds the last this-many windows of the conversation: the tokens that stay in the
-# window are then computed with a full window before them, as when they streamed.
-REPLAYED_WINDOWS = 2
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,8 @@ class SessionOptions:
     prefill_chunk: int = defaults.PREFILL_CHUNK
     # None: streamchat's defaults overridden by the model's generation config.
     settings: GenerationSettings | None = None
+    # A prompt longer than the cache: False reads its start and last two windows, True every token.
+    read_all: bool = defaults.READ_ALL
     # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
     compile_backend: str | None = None
 
@@ -75,6 +75,7 @@ class ChatSession:
         self.tokenizer = tokenizer
         self.eviction = options.eviction
         self.prefill_chunk = options.prefill_chunk
+        self.read_all = options.read_all
         self.settings = options.settings or GenerationSettings.from_generation_config(
             getattr(model, "generation_config", None)
         )
@@ -107,22 +108,35 @@ class ChatSession:
     # ---- moving the conversation ----------------------------------------------------------
 
     def chat(self, text: str) -> Iterator[Event]:
-        """Feed a user message and stream the reply."""
-        self._stop_requested = False  # a stop() during the prompt ends the reply before it starts
+        """Feed a user message and stream the reply.
+
+        A prompt longer than the cache can hold is read as a replay reads a conversation (see
+        streamchat.engine.prompt_reading) unless read_all; a stop() while it is read ends the
+        reading between two forward passes, and the reply before it starts.
+        """
+        self._stop_requested = False
         self._forget_snapshot()
         self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
-        prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
-        yield from self._make_room(len(prompt))
+        seen = self.cache_stats().seen
+        prompt = self.chat_format.prompt_ids(text, first_turn=seen == 0)
+        head, tail = prompt_parts(prompt, seen, self.cache.sinks, self.cache.window, self.read_all)
+        wanted = len(head) + len(tail)
+        if wanted < len(prompt):
+            yield PromptSkipped(len(prompt), wanted, "too_long")
+        yield from self._make_room(wanted)
         before = self.cache_stats()
-        logits = yield from self._feed(prompt, message=len(self.transcript) - 1)
+        logits, read = yield from self._read_prompt(head, tail, len(prompt) - wanted, len(self.transcript) - 1)
         prefilled = time.perf_counter()
         # Evictions take the oldest window tokens first: past those, they took the prompt's own.
         dropped = self.cache_stats().evicted - before.evicted - before.window_used
-        if dropped > 0:
-            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=len(prompt) - dropped)
-        self._snapshot = _Snapshot.take(self, logits)
-        yield from self._reply(logits, len(prompt), started, prefilled)
+        if read < wanted:
+            yield PromptSkipped(len(prompt), read, "stopped")
+        elif dropped > 0:
+            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=read - dropped)
+        # /regen answers the same prompt again: not one that was read only in part.
+        self._snapshot = _Snapshot.take(self, logits) if read == wanted else None
+        yield from self._reply(logits, read, started, prefilled)
 
     def regenerate(self) -> Iterator[Event]:
         """Take back the last reply and generate another one for the same message."""
@@ -217,8 +231,7 @@ class ChatSession:
         start = 0
         for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
             self.transcript.append({"role": message["role"], "content": message["content"]})
-            head = ids[: max(0, skip_from - start)] if skip_to > skip_from else ids
-            tail = ids[len(head) :][max(0, skip_to - start - len(head)) :]
+            head, tail = replayed_parts(ids, start, skip_from, skip_to)
             if head:
                 yield from self._feed(head, message=index)
             self.mirror.skip(len(ids) - len(head) - len(tail), message=index)
@@ -235,6 +248,21 @@ class ChatSession:
         if self.eviction == "turn":
             reply_tokens = self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
             yield from self._evict_for(min(prompt_tokens + reply_tokens, self.cache.window))
+
+    def _read_prompt(self, head: list[int], tail: list[int], skipped: int, message: int) -> Iterator[Event]:
+        """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
+        (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
+        progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
+        logits = None
+        for part, skipped_after in ((head, skipped), (tail, 0)):
+            for piece in progress.pieces(part):
+                if logits is not None and self._stop_requested:
+                    return logits, progress.read
+                logits = yield from self._feed(piece, message)
+                if (event := progress.advance(len(piece))) is not None:
+                    yield event
+            self.mirror.skip(skipped_after, message)
+        return logits, progress.read
 
     def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float) -> Iterator[Event]:
         """Decode until a stop, then close the turn in the cache and the transcript."""

@@ -1,4 +1,13 @@
-"""Saved sessions: the transcript and settings as JSON. Loading replays the transcript through the cache.
+"""Saved sessions, read and written: the transcript and settings. Loading replays the transcript through the cache.
+
+Two formats, both read by `read_session`:
+
+- version 1, one JSON document, written whole (`save_session`, for /save FILE);
+- version 2, the journal: JSON Lines appended as the conversation goes
+  (streamchat.engine.journal writes it). Its first line is a header, every other line a
+  record: {"type": "settings" | "system" | "user" | "reply" | "rewind", ...}. A last line
+  without its newline is a write that a kill cut short, and is ignored; record types
+  this version does not know are skipped, so later versions can add their own.
 
 The cache itself is not saved: it is a function of the transcript (and far larger).
 """
@@ -9,6 +18,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +26,8 @@ from streamchat import __version__
 from streamchat.errors import SessionFileError
 
 FORMAT = "streamchat-session"
-VERSION = 1
+VERSION = 1  # the JSON document
+JOURNAL_VERSION = 2  # the JSON Lines journal
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,9 @@ class SavedSession:
     settings: dict[str, str]  # name -> value as /set takes it
     eviction: str
     model: str | None
+    # A journal's last user message, when the session ended before its reply did.
+    unanswered: str | None = None
+    version: int = VERSION  # the format it was read from
 
 
 def save_session(path: Path, saved: SavedSession) -> None:
@@ -53,13 +67,19 @@ def save_session(path: Path, saved: SavedSession) -> None:
 
 
 def read_session(path: Path) -> SavedSession:
+    """A saved session in either format; SessionFileError says what is wrong with the file."""
     path = path.expanduser()
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SessionFileError(f"no saved session at {path}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise SessionFileError(f"cannot read {path}: {error}") from error
+    header = _journal_header(text)
+    if header is not None:
+        return _read_journal(path, header, text)
+    try:
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise SessionFileError(f"{path} is not a saved session (invalid JSON at line {error.lineno})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -109,3 +129,99 @@ def _optional_text(path: Path, document: dict[str, Any], key: str) -> str | None
     if value is not None and not isinstance(value, str):
         raise SessionFileError(f"{path}: {key!r} must be text")
     return value
+
+
+def _journal_header(text: str) -> dict[str, Any] | None:
+    """The header of a journal, None when `text` is not one (a version 1 document starts with a lone brace)."""
+    first_line = text.split("\n", 1)[0]
+    try:
+        header = json.loads(first_line)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(header, dict) and header.get("format") == FORMAT and header.get("version") == JOURNAL_VERSION:
+        return header
+    return None
+
+
+def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession:
+    """Replay a journal's records: the conversation and settings as they stood at its last complete line."""
+    values: dict[str, str] = {}
+    system_prompt = None
+    messages: list[dict[str, str]] = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last line, without its newline: a write cut short
+                break
+            raise SessionFileError(f"{path} line {number}: not a valid record (the file is damaged there)") from None
+        if not isinstance(record, dict):
+            raise SessionFileError(f"{path} line {number}: not a valid record (expected a JSON object)")
+        kind = record.get("type")
+        if kind == "settings":
+            values |= _settings(path, record.get("values", {}))
+        elif kind == "system":
+            system_prompt = _optional_text(path, record, "content")
+        elif kind == "user":
+            if messages and messages[-1]["role"] == "user":
+                messages.pop()  # never answered, and followed by another: it left the conversation
+            messages.append({"role": "user", "content": _record_text(path, number, record)})
+        elif kind == "reply" and messages and messages[-1]["role"] == "user":
+            messages.append({"role": "assistant", "content": _record_text(path, number, record)})
+        elif kind == "rewind":
+            kept = record.get("messages")
+            if not isinstance(kept, int) or kept < 0:
+                raise SessionFileError(f"{path} line {number}: a rewind needs a message count")
+            del messages[kept:]
+    unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
+    return SavedSession(
+        messages=messages,
+        system_prompt=system_prompt,
+        settings={key: value for key, value in values.items() if key != "eviction"},
+        eviction=values.get("eviction", "token"),
+        model=_optional_text(path, header, "model"),
+        unanswered=unanswered,
+        version=JOURNAL_VERSION,
+    )
+
+
+def _record_text(path: Path, number: int, record: dict[str, Any]) -> str:
+    content = record.get("content")
+    if not isinstance(content, str):
+        raise SessionFileError(f"{path} line {number}: a {record.get('type')} record needs text content")
+    return content
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One saved session, for `streamchat sessions`."""
+
+    path: Path
+    updated: datetime  # the file's last change
+    model: str | None
+    turns: int  # the user's messages
+    first_message: str | None
+
+
+def list_sessions(directory: Path) -> tuple[list[SessionSummary], list[str]]:
+    """The sessions saved in `directory`, newest first, and a one-line problem for each file that cannot be read."""
+    summaries, problems = [], []
+    paths = sorted(directory.glob("*.json*")) if directory.is_dir() else []
+    for path in paths:
+        if path.suffix not in (".json", ".jsonl") or not path.is_file():
+            continue
+        try:
+            saved = read_session(path)
+            updated = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+        except (SessionFileError, OSError) as error:
+            problems.append(str(error))
+            continue
+        users = [message["content"] for message in saved.messages if message["role"] == "user"]
+        if saved.unanswered is not None:
+            users.append(saved.unanswered)
+        summaries.append(SessionSummary(path, updated, saved.model, len(users), users[0] if users else None))
+    summaries.sort(key=lambda summary: summary.updated, reverse=True)
+    return summaries, problems

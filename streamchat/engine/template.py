@@ -56,6 +56,11 @@ _PROBE_REPLY = "Hello"
 _REPLY_STARTS = ("Hello", "hello", "42", "東京", "🙂")
 # How replies commonly end: each must end on a token boundary before the end of turn.
 _REPLY_ENDS = ("Hello.", "Hello?", "Hello!", "42", "東京。", "🙂")
+# A prompt longer than this (in characters) is probed for merges with a reply from near its end
+# only: encoding all of a pasted megabyte once per reply start took seconds.
+_LONG_TEXT = 4096
+# How many of a long prompt's last tokens are encoded again to find where it meets the reply.
+_TAIL_TOKENS = 64
 
 
 def fallback_template(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -147,9 +152,32 @@ class ChatFormat:
         ids = self._encode(before_reply)
         if ids[: len(history_ids)] != history_ids:
             raise self._unsplittable(f"the message {user_text!r} changes how the turn before it is tokenized")
-        # Stop before any token that a reply could merge with (the space of "ASSISTANT: ").
-        end = min(_common_prefix_length(ids, self._encode(before_reply + start)) for start in _REPLY_STARTS)
-        return ids[len(history_ids) : end]
+        return ids[len(history_ids) : self._prompt_end(before_reply, ids)]
+
+    def _prompt_end(self, text: str, ids: list[int]) -> int:
+        """Where a prompt `text` tokenized as `ids` stops: before any token that a reply could merge
+        with (the space of "ASSISTANT: "). Only its end can merge, so a long text is encoded again
+        from a token boundary near its end, not whole."""
+        offset, base = self._tail_boundary(text, ids) if len(text) > _LONG_TEXT else (0, 0)
+        tail_text, tail_ids = text[offset:], ids[base:]
+        return base + min(_common_prefix_length(tail_ids, self._encode(tail_text + start)) for start in _REPLY_STARTS)
+
+    def _tail_boundary(self, text: str, ids: list[int]) -> tuple[int, int]:
+        """(character offset, token index) of a boundary near the end of `text` where encoding the
+        rest alone gives the same tokens; (0, 0), the whole text, when none of the few tried is one.
+
+        A token may end inside a character (byte-level pieces of 東), and a decoder may drop the
+        space a token starts with (SentencePiece's "▁"): a few neighbouring cuts are tried.
+        """
+        for base in range(max(0, len(ids) - _TAIL_TOKENS), max(0, len(ids) - _TAIL_TOKENS - 4), -1):
+            tail = self._tokenizer.decode(ids[base:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            end = len(text) - len(tail)
+            if not text.endswith(tail):
+                continue
+            for offset in (end, end - 1):
+                if offset > 0 and self._encode(text[offset:]) == ids[base:]:
+                    return offset, base
+        return 0, 0
 
     def _close_turn(self, history: list[Message], reply: str = _PROBE_REPLY) -> _ClosedTurn:
         """Cut [history, user, reply] after the reply, where the next turn cannot move the cut."""

@@ -1,11 +1,18 @@
 """The installed console script in a real pseudo-terminal: type, watch the reply and the cache, use commands, Ctrl-C."""
 
+import io
 import json
 import os
+import re
 import sys
 
 import pexpect
 import pytest
+
+from streamchat.app.safe_text import safe_plain
+from streamchat.engine.session_file import read_session
+from tests.support.gguf_files import write_tiny_gguf
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 
@@ -67,8 +74,8 @@ def test_a_conversation_with_evictions_commands_and_a_stopped_reply(chat, tmp_pa
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
-    saved = list((tmp_path / "sessions").glob("session-*.json"))
-    assert len(saved) == 1 and len(json.loads(saved[0].read_text())["messages"]) == 6
+    saved = list((tmp_path / "sessions").glob("*.jsonl"))
+    assert len(saved) == 1 and len(read_session(saved[0]).messages) == 6
 
 
 def test_ctrl_c_at_an_empty_prompt_leaves(chat):
@@ -139,3 +146,67 @@ def test_ctrl_c_drops_an_unfinished_block_and_the_chat_goes_on(chat):
     send(chat, "/quit")
     chat.expect(r"0 turns · ")
     chat.expect(pexpect.EOF)
+
+
+def terminal_env(data_dir):
+    """The environment of a terminal of the pty's own size (pytest-xdist workers set COLUMNS=80)."""
+    inherited = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    return {**inherited, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(data_dir)}
+
+
+def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripted_chat_model, tmp_path):
+    env = terminal_env(tmp_path)  # the reply's line, whole on one screen line
+    arguments = ["-m", "streamchat", "run", "--model", str(scripted_chat_model), "--temperature", "0"]
+    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
+    child.logfile_read = screen = io.StringIO()
+    send(child, "Summarise the page I pasted.")
+    child.expect(r"\d+ tokens · ")
+    send(child, "/quit")
+    child.expect(pexpect.EOF)
+    output = screen.getvalue()
+    reply = output[output.index("Summarise the page") :]
+    for piece in HOSTILE_REPLY_PIECES:
+        if not piece.isprintable():
+            assert piece not in output, f"{piece!r} reached the terminal"
+    assert "\x1b[2J" not in output and "\x1b]" not in output and "\u202e" not in output and "\x9b" not in output
+    # Every sequence shows as its marker, dimmed: the line reads as the neutralised reply.
+    assert "Look\x1b[2m␛[2J\x1b[0m csi\x1b[2m␛]52;c;aGk=␇\x1b[0m clip" in reply
+    assert safe_plain("".join(HOSTILE_REPLY_PIECES)) in re.sub(r"\x1b\[[0-9;]*m", "", reply)
+
+
+def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unechoed(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # converted on first use: a load that takes a while
+    env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    arguments = ["-m", "streamchat", "run", "--model", str(gguf), "--max-new-tokens", "3"]
+    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child.expect_exact("Converting")
+    # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
+    pasted = "x" * 4200 + " the end"
+    child.send("//" + pasted)  # "//" sends it as a message starting with "/"
+    child.expect_exact("streamchat 0.1.0")
+    assert "xxxx" not in child.before  # not echoed into the output while loading
+    child.expect_exact("›")
+    child.send("\r")
+    child.expect_exact("3 tokens ·")
+    send(child, "/quit")
+    child.expect(pexpect.EOF)
+    (journal,) = (tmp_path / "sessions").glob("*.jsonl")
+    assert read_session(journal).messages[0]["content"] == "/" + pasted
+
+
+def test_a_long_message_read_whole_shows_its_progress_and_ctrl_c_stops_the_read(tiny_chat_model, tmp_path):
+    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), "--read-all", "--window", "40"]
+    arguments += ["--max-new-tokens", "5", "--temperature", "0"]
+    child = pexpect.spawn(
+        sys.executable, arguments, env=terminal_env(tmp_path), dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8"
+    )
+    send(child, "lorem ipsum dolor " * 1500)  # about 9,000 tokens, read 40 at a time
+    child.expect(r"reading your message: [\d,]+/[\d,]+ tokens · [\d,]+ tok/s · (\d+ min )?\d+ s left · Ctrl-C stops")
+    child.sendintr()
+    child.expect(r"stopped reading your message after [\d,]+ of [\d,]+ tokens; the model saw only that part")
+    child.expect_exact("0 tokens ·")
+    send(child, "Are you still there?")
+    child.expect_exact("5 tokens ·")
+    send(child, "/quit")
+    child.expect(r"2 turns · ")
+    child.expect(pexpect.EOF)

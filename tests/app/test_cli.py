@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from streamchat.cache.architectures import supported_list
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir, convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
+from tests.support.processes import in_foreground
 
 STREAMCHAT = [sys.executable, "-m", "streamchat"]
 
@@ -78,6 +80,31 @@ def test_models_lists_every_alias_and_what_works_offline(packaged_default: Path)
     assert default_row[1:3] == ["(default)", str(packaged_default.resolve())]
     assert " ".join(default_row[3:]) == "yes, packaged GGUF (converts once on first use)"
     assert rows["llama-2-7b-chat"].split() == ["llama-2-7b-chat", "meta-llama/Llama-2-7b-chat-hf", "no"]
+
+
+def test_models_in_a_pipe_keep_every_row_whole_on_one_line_however_narrow(packaged_default: Path):
+    result = streamchat("models", COLUMNS="40")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(ALIASES) + 1
+    assert "llama-2-7b-chat         meta-llama/Llama-2-7b-chat-hf" in lines[1]
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_models_json_is_for_scripts(packaged_default: Path):
+    result = streamchat("models", "--json")
+    assert result.returncode == 0, result.stderr
+    records = {record["alias"]: record for record in json.loads(result.stdout)}
+    assert list(records) == list(ALIASES)
+    assert records[defaults.DEFAULT_MODEL] == {
+        "alias": defaults.DEFAULT_MODEL,
+        "kind": "gguf",
+        "resolves_to": str(packaged_default.resolve()),
+        "default": True,
+        "offline": True,
+        "needs_conversion": True,
+    }
+    assert records["llama-2-7b-chat"]["resolves_to"] == "meta-llama/Llama-2-7b-chat-hf"
 
 
 def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Path):
@@ -282,7 +309,10 @@ def test_errors_are_red_only_where_colour_is_allowed():
 
 
 def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_default: Path):
-    process = subprocess.Popen([*STREAMCHAT, "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As typed at a terminal: a runner that started the tests in the background (SIGINT ignored)
+    # would otherwise hand its ignored SIGINT down to the command, which keeps it.
+    command = in_foreground([*STREAMCHAT, "info"])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     notice = process.stderr.readline()
     assert notice.startswith("Converting"), notice
     process.send_signal(signal.SIGINT)
@@ -295,3 +325,46 @@ def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_de
     # Neither a converted copy nor a partial one: at most the empty folder for this file.
     cache = Path(os.environ["STREAMCHAT_CACHE_DIR"])
     assert [path for path in cache.rglob("*") if path.is_file() or path.name.startswith(".partial")] == []
+
+
+def test_sessions_lists_saved_conversations_newest_first_for_people_and_scripts(tmp_path: Path):
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    old = sessions / "session-20240101-000000.json"
+    old.write_text(
+        json.dumps(
+            {
+                "format": "streamchat-session",
+                "version": 1,
+                "model": "smollm2-135m",
+                "messages": [{"role": "user", "content": "An old question"}, {"role": "assistant", "content": "Hi"}],
+            }
+        )
+    )
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    journal = sessions / "20250101-120000-abcdef.jsonl"
+    journal.write_text(
+        '{"format": "streamchat-session", "version": 2, "model": "qwen", "created": "2025-01-01T12:00:00+00:00"}\n'
+        '{"type": "user", "content": "Summarise\\u001b[2J this log, please: it is long"}\n'
+        '{"type": "reply", "content": "It says hello.", "stop_reason": "eos"}\n'
+        '{"type": "user", "content": "And then?"}\n'
+    )
+    listed = streamchat("sessions", STREAMCHAT_DATA_DIR=str(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == ["when", "model", "turns", "first", "message", "file"]
+    rows = [line.split(maxsplit=4) for line in listed.stdout.splitlines()]
+    assert [row[2:4] for row in rows[1:]] == [["qwen", "2"], ["smollm2-135m", "1"]]
+    assert "Summarise␛[2J this log, please: it is long" in rows[1][4] and rows[1][4].endswith(str(journal))
+    assert " ".join(rows[2][0:2]) == f"{datetime.fromtimestamp(1_700_000_000):%Y-%m-%d %H:%M}"
+    assert rows[2][4].startswith("An old question")
+
+    records = json.loads(streamchat("sessions", "--json", STREAMCHAT_DATA_DIR=str(tmp_path)).stdout)
+    assert [(record["path"], record["model"], record["turns"]) for record in records] == [
+        (str(journal), "qwen", 2),
+        (str(old), "smollm2-135m", 1),
+    ]
+    assert records[0]["first_message"] == "Summarise\x1b[2J this log, please: it is long"
+
+    empty = streamchat("sessions", STREAMCHAT_DATA_DIR=str(tmp_path / "nothing"))
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr == f"no saved sessions in {tmp_path / 'nothing' / 'sessions'}\n"

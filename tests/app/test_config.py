@@ -148,6 +148,7 @@ EVERY_OPTION = {
     "dtype": ("float16", "float16"),
     "device_map": ("auto", "auto"),
     "evict": ("turn", "turn"),
+    "read_all": ("true", True),
     "trust_remote_code": ("1", True),
     "allow_pickle": ("on", True),
     "markdown": ("yes", True),

@@ -4,13 +4,15 @@ import io
 
 from rich.console import Console
 
-from streamchat.app.display import ChatDisplay
+from streamchat.app.display import ChatDisplay, reading_line
 from streamchat.cache.ledger import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
     Compiled,
     Compiling,
     Evicted,
+    PromptProgress,
+    PromptSkipped,
     PromptTruncated,
     TextDelta,
     TurnFinished,
@@ -130,6 +132,70 @@ def test_a_long_paragraph_scrolls_up_before_it_ends():
     lines = screen.file.getvalue().splitlines()
     assert lines[0].startswith("word word word")
     assert all(len(line) <= 20 for line in lines[:-2])
+
+
+HOSTILE_DELTAS = ["Look\x1b", "[2J here \x1b]52;c;aGk=", "\x07 and \u202egnp.exe\u202c\n", "second \x9b31m line"]
+
+
+def test_control_sequences_in_a_reply_are_dimmed_markers_even_when_split_across_deltas():
+    screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system="standard")
+    events = [*map(TextDelta, HOSTILE_DELTAS), TurnFinished("".join(HOSTILE_DELTAS), STATS)]
+    ChatDisplay(screen).show(iter(events))
+    output = screen.file.getvalue()
+    assert "\x1b[2J" not in output and "\x1b]" not in output and "\u202e" not in output and "\x9b" not in output
+    dim = "\x1b[2m{}\x1b[0m"
+    first_line = (
+        f"Look{dim.format('␛[2J')} here {dim.format('␛]52;c;aGk=␇')} and "
+        f"{dim.format('⟨RLO⟩')}gnp.exe{dim.format('⟨PDF⟩')}"
+    )
+    assert first_line in output
+    assert f"second {dim.format('␛[31m')} line" in output
+
+
+def test_the_live_line_eviction_previews_tables_notices_and_errors_are_terminal_safe():
+    screen, live = console(), console(width=80)
+    display = ChatDisplay(screen)
+    evicted = Evicted(count=3, first_index=10, last_index=12, text="old \x1b]0;title\x07", stats=FULL)
+    display.handle(TextDelta("partial \x1b[2J"))
+    display.handle(evicted)
+    live.print(display)
+    assert live.file.getvalue().splitlines()[:2] == ["partial ␛[2J", "⟲ forgot 3 tokens  …old ␛]0;title␇"]
+    display.show(iter([evicted, TurnFinished("", STATS)]))
+    display.notice("system prompt: \x1b[2J")
+    display.error("unknown command /\x1bc")
+    display.table("settings", [("stop", "\x1b[A")])
+    output = screen.file.getvalue()
+    assert "\x1b" not in output
+    assert "⟲ forgot 3 tokens (#10–#12)  old ␛]0;title␇" in output
+    assert "system prompt: ␛[2J" in output and "error: unknown command /␛c" in output and "stop  ␛[A" in output
+
+
+def test_a_long_prompt_read_in_part_gets_one_notice_and_its_progress_shows_in_the_live_area():
+    screen, live = console(width=200), console(width=200)
+    display = ChatDisplay(screen)
+    display.handle(PromptSkipped(250_030, 4_004, "too_long"))
+    display.handle(PromptTruncated(prompt_tokens=250_030, visible_tokens=2_004))  # already said
+    display.handle(PromptProgress(2_000, 4_004, 500.0))
+    live.print(display)
+    assert screen.file.getvalue() == (
+        "read the last 4,004 of 250,030 prompt tokens; the model could not have seen the rest; "
+        "--read-all streams all of it\n"
+    )
+    assert live.file.getvalue() == "reading your message: 2,000/4,004 tokens · 500 tok/s · 4 s left · Ctrl-C stops\n"
+    display.handle(PromptProgress(4_000, 250_030, 400.0))
+    assert reading_line(display._reading) == (
+        "reading your message: 4,000/250,030 tokens · 400 tok/s · 10 min 15 s left · Ctrl-C stops"
+    )
+    display.handle(TextDelta("The"))  # the reply starts: the read is over
+    assert display._reading is None
+
+
+def test_a_read_stopped_by_ctrl_c_says_how_much_the_model_saw():
+    screen = console(width=200)
+    ChatDisplay(screen).show(iter([PromptSkipped(9_000, 1_024, "stopped"), TurnFinished("", STATS)]))
+    assert screen.file.getvalue().splitlines()[0] == (
+        "stopped reading your message after 1,024 of 9,000 tokens; the model saw only that part"
+    )
 
 
 def test_a_first_compile_is_announced_before_it_blocks_and_timed_after():

@@ -1,15 +1,21 @@
 """Transcript mode through the real console script: turns from stdin or a file, the conversation on stdout."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from streamchat.app.safe_text import safe_plain
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.engine.session_file import read_session
 from streamchat.engine.settings import GenerationSettings
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES
+from tests.support.processes import in_foreground
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OPTIONS = ["--max-new-tokens", "6", "--temperature", "0.8", "--seed", "7", "--window", "40"]
@@ -40,7 +46,8 @@ def expected_replies(model_dir, turns, system=None):
 
 
 def text_transcript(turns, replies):
-    return "\n".join(f"USER: {turn}\n\nASSISTANT: {reply}\n" for turn, reply in zip(turns, replies, strict=True))
+    pairs = zip(turns, replies, strict=True)
+    return "\n".join(f"USER: {safe_plain(turn)}\n\nASSISTANT: {safe_plain(reply)}\n" for turn, reply in pairs)
 
 
 def test_plain_lines_give_a_byte_exact_transcript(tiny_chat_model):
@@ -103,7 +110,8 @@ def test_mt_bench_questions_as_markdown(tiny_chat_model, tmp_path):
     result = streamchat(tiny_chat_model, "--transcript", str(path), "--output-format", "markdown")
     assert result.returncode == 0, result.stderr.decode()
     replies = expected_replies(tiny_chat_model, turns)
-    expected = "\n".join(f"### User\n\n{t}\n\n### Assistant\n\n{r}\n" for t, r in zip(turns, replies, strict=True))
+    pairs = zip(turns, replies, strict=True)
+    expected = "\n".join(f"### User\n\n{safe_plain(t)}\n\n### Assistant\n\n{safe_plain(r)}\n" for t, r in pairs)
     assert result.stdout.decode() == expected
 
 
@@ -174,3 +182,85 @@ def test_ctrl_c_while_waiting_for_the_next_turn_ends_the_run_with_130(tiny_chat_
     child.close()
     assert child.exitstatus == 130
     assert "ASSISTANT" not in child.before
+
+
+def test_control_sequences_reach_text_output_as_markers_and_jsonl_exactly(scripted_chat_model):
+    reply = "".join(HOSTILE_REPLY_PIECES)
+    stdin = b"Summarise \x1b]0;this\x07 page\n"
+    text = streamchat(scripted_chat_model, "--temperature", "0", "--max-new-tokens", "100", stdin=stdin)
+    assert text.returncode == 0, text.stderr.decode()
+    assert text.stdout.decode() == f"USER: Summarise ␛]0;this␇ page\n\nASSISTANT: {safe_plain(reply)}\n"
+    jsonl = streamchat(
+        scripted_chat_model, "--temperature", "0", "--max-new-tokens", "100", "--output-format", "jsonl", stdin=stdin
+    )
+    written = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
+    assert [(line["role"], line["content"]) for line in written] == [
+        ("user", "Summarise \x1b]0;this\x07 page"),
+        ("assistant", reply),
+    ]
+    assert "\x1b" not in jsonl.stdout.decode() and "\u202e" not in jsonl.stdout.decode()
+
+
+def read_at_least(process: subprocess.Popen, count: int) -> bytes:
+    """Bytes from the process's stdout, unbuffered: communicate() later reads the descriptor, not a buffer."""
+    data = b""
+    while len(data) < count:
+        data += os.read(process.stdout.fileno(), count - len(data))
+    return data
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_hangup_and_terminate_end_the_transcript_on_a_whole_turn(tiny_chat_model, tmp_path, signum, code):
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS]
+    command += ["--max-new-tokens", "100000"]
+    env = {**os.environ, "STREAMCHAT_DATA_DIR": str(tmp_path)}
+    process = subprocess.Popen(
+        in_foreground(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    process.stdin.write(b"Tell me a very long story\nThis turn must not run\n")
+    process.stdin.flush()
+    header = b"USER: Tell me a very long story\n\nASSISTANT: "
+    streaming = read_at_least(process, len(header) + 20)  # the reply is streaming
+    assert streaming.startswith(header)
+    process.send_signal(signum)
+    rest, errors = process.communicate(timeout=60)
+    assert process.returncode == code
+    assert errors.decode() == f"stopped by {signum.name}\n"
+    # The reply ends its turn with its newline, no other turn starts, and the session file has it all.
+    (journal,) = (tmp_path / "sessions").glob("*.jsonl")
+    saved = read_session(journal)
+    assert [message["role"] for message in saved.messages] == ["user", "assistant"]
+    assert (streaming + rest).decode() == header.decode() + safe_plain(saved.messages[1]["content"]) + "\n"
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
+def test_hangup_and_terminate_while_waiting_for_the_next_turn_end_the_run_at_once(tiny_chat_model, signum, code):
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS]
+    process = subprocess.Popen(
+        in_foreground(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdin.write(b"Hello there\n")
+    process.stdin.flush()
+    written = read_at_least(process, len(b"USER: Hello there\n\nASSISTANT: "))
+    while not written.endswith(b"\n"):
+        written += read_at_least(process, 1)
+    process.send_signal(signum)  # stdin stays open: the run is waiting for a line that never comes
+    rest, errors = process.communicate(timeout=60)
+    assert (process.returncode, rest, errors.decode()) == (code, b"", f"stopped by {signum.name}\n")
+    assert written.startswith(b"USER: Hello there\n\nASSISTANT: ")
+
+
+def test_a_prompt_longer_than_the_cache_is_read_from_its_tail_with_a_warning(tiny_chat_model):
+    line = "lorem ipsum dolor " * 2000  # one line, about 12,000 tokens: 150 windows of 40
+    result = streamchat(tiny_chat_model, "--output-format", "jsonl", stdin=line.encode() + b"\n")
+    assert result.returncode == 0, result.stderr.decode()
+    reply = [json.loads(record) for record in result.stdout.decode().splitlines()][1]
+    # Read: the 4 sinks and the last two windows of 40, and nothing of the middle.
+    assert reply["stats"]["prompt_tokens"] == 4 + 2 * 40
+    warning = result.stderr.decode()
+    assert warning.startswith("warning: read the last 84 of ") and warning.endswith(
+        " prompt tokens; the model could not have seen the rest; --read-all streams all of it\n"
+    )
+    read_all = streamchat(tiny_chat_model, "--read-all", "--output-format", "jsonl", stdin=line[:2000].encode())
+    assert read_all.returncode == 0 and read_all.stderr == b""
+    assert [json.loads(record) for record in read_all.stdout.decode().splitlines()][1]["stats"]["prompt_tokens"] > 84

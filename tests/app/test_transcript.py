@@ -358,3 +358,31 @@ def test_jsonl_output_replays_as_a_transcript() -> None:
         UserTurn("Hi, I am Ann.", 2),
         UserTurn("Write two lines.", 4),
     ]
+
+
+HOSTILE = "a\x1b[2J\x1b]52;c;aGk=\x07\u202eb\x9b1m\x7f"
+
+
+def write_hostile(output_format: str) -> str:
+    stream = io.StringIO()
+    writer = transcript_writer(output_format, stream)  # type: ignore[arg-type]
+    writer.write_message("user", HOSTILE)
+    writer.start_reply()
+    for delta in ("x\x1b", "]0;title", "\x07y"):  # a sequence split across deltas
+        writer.write_delta(delta)
+    writer.end_reply()
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("output_format", ["text", "markdown"])
+def test_text_and_markdown_output_show_control_characters_as_visible_markers(output_format: str) -> None:
+    written = write_hostile(output_format)
+    assert "a␛[2J␛]52;c;aGk=␇⟨RLO⟩b␛[1m␡" in written and "x␛]0;title␇y" in written
+    assert not set(written) & {"\x1b", "\x07", "\x9b", "\u202e", "\x7f"}
+
+
+def test_jsonl_output_keeps_the_exact_text_with_every_control_character_escaped() -> None:
+    written = write_hostile("jsonl")
+    assert [json.loads(line)["content"] for line in written.splitlines()] == [HOSTILE, "x\x1b]0;title\x07y"]
+    assert r"\u001b[2J" in written and r"\u202e" in written and r"\u009b" in written and r"\u007f" in written
+    assert not set(written) & {"\x1b", "\x07", "\x9b", "\u202e", "\x7f"}

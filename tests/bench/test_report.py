@@ -1,5 +1,6 @@
 """Tables, CSV files and checks, shared by both benchmarks."""
 
+import io
 import math
 import sys
 
@@ -29,6 +30,17 @@ def test_the_table_formats_values_and_marks_missing_ones():
     assert "12.35" in text and "20,000" in text and "–" in text and "a caption" in text
     assert "window / streaming PPL: 2.040 (target >= 1.5) met" in text
     assert "drift: 1.200 (target <= 1.1) missed" in text
+
+
+def test_a_report_written_to_a_log_keeps_every_column_whole_however_narrow_the_console():
+    log = Console(file=io.StringIO(), width=16)  # not a terminal: a file or a pipe
+    print_report(log, "Perplexity", COLUMNS, ROWS, [])
+    lines = log.file.getvalue().splitlines()
+    assert "…" not in log.file.getvalue()
+    assert [line.split() for line in lines if "dense" in line or "window" in line] == [
+        ["│", "dense", "│", "12.35", "│", "20,000", "│"],
+        ["│", "window", "│", "–", "│", "5", "│"],
+    ]
 
 
 def test_csv_keeps_full_precision_and_leaves_missing_cells_empty(tmp_path):

@@ -65,12 +65,15 @@ def common_prefix_length(first: list[int], second: list[int]) -> int:
 
 
 def assert_turns_add_up_to_whole_render(
-    tokenizer: PreTrainedTokenizerBase, template: str | None, system: str | None
+    tokenizer: PreTrainedTokenizerBase,
+    template: str | None,
+    system: str | None,
+    turns: tuple[tuple[str, str], ...] = TURNS,
 ) -> None:
-    """Feed TURNS one at a time as the engine does, and compare with the whole conversation."""
+    """Feed `turns` one at a time as the engine does, and compare with the whole conversation."""
     chat = ChatFormat(tokenizer, system, chat_template=template)
     messages = [{"role": "system", "content": system}] if system else []
-    for user, reply in TURNS:
+    for user, reply in turns:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     reference = fallback_template(tokenizer) if chat.uses_fallback else template
     text = tokenizer.apply_chat_template(messages, chat_template=reference, tokenize=False)
@@ -78,7 +81,7 @@ def assert_turns_add_up_to_whole_render(
 
     stream: list[int] = []
     reply_end = 0
-    for index, (user, reply) in enumerate(TURNS):
+    for index, (user, reply) in enumerate(turns):
         stream += chat.prompt_ids(user, first_turn=index == 0)
         assert stream == whole[: len(stream)], f"prompt of turn {index + 1}"
         # What the model generates: the whole render's tokens up to the end of the reply.
@@ -114,6 +117,25 @@ def test_turns_add_up_to_whole_render_with_own_template(tokenizer_name: str, sys
 def test_turns_add_up_to_whole_render_with_fallback_format(tokenizer_name: str, system: str | None) -> None:
     tokenizer = TOKENIZERS[tokenizer_name]()
     assert_turns_add_up_to_whole_render(tokenizer, fallback_template(tokenizer), system)
+
+
+# Messages longer than ChatFormat probes whole (a pasted log): only their end meets the reply.
+LONG_TURNS = (
+    ("Summarise: " + "The quick brown fox jumps over the lazy dog. " * 120 + "Thanks!", "A fox jumps."),
+    ("x" * 6000, "42"),
+    ("東京 " * 2000 + "🍣", "東京 🗼"),
+)
+
+
+@pytest.mark.parametrize("system", [None, SYSTEM], ids=["no-system", "system"])
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+def test_long_messages_add_up_to_whole_render_too(tokenizer_name: str, system: str | None) -> None:
+    assert_turns_add_up_to_whole_render(TOKENIZERS[tokenizer_name](), None, system, LONG_TURNS)
+
+
+@pytest.mark.default_model
+def test_default_model_long_messages_add_up_to_whole_render() -> None:
+    assert_turns_add_up_to_whole_render(default_model_tokenizer_or_skip(), None, None, LONG_TURNS)
 
 
 @pytest.mark.parametrize("system", [None, SYSTEM], ids=["no-system", "system"])

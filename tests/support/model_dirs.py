@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from tests.support.models import tiny_model
-from tests.support.tokenizers import byte_level_tokenizer
+from tests.support.tokenizers import CHATML_TEMPLATE, _wrap_byte_level, byte_level_tokenizer
 
 VOCAB = 700  # covers the offline byte-level tokenizer (600 tokens)
 
@@ -26,6 +26,66 @@ def save_tiny_chat_model(directory: Path) -> Path:
         weights = model.get_output_embeddings().weight.clone()
         weights[special] = 0
     state = {**model.state_dict(), "lm_head.weight": weights}
+    model.save_pretrained(directory, state_dict=state)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# A reply with every class of sequence a terminal acts on, each piece one token.
+HOSTILE_REPLY_PIECES = (
+    "Look",
+    "\x1b[2J",  # CSI: clear the screen
+    " csi",
+    "\x1b]52;c;aGk=\x07",  # OSC 52: write the clipboard
+    " clip",
+    "\x1b]0;pwned\x1b\\",  # OSC 0: retitle the window
+    " title",
+    "\x1b]8;;http://evil.example\x1b\\",  # OSC 8: a hidden link
+    " link",
+    "\x1bP1$r\x1b\\",  # DCS
+    "\x1b_apc\x1b\\",  # APC
+    "\x1bXsos\x1b\\",  # SOS
+    "\x1b^pm\x1b\\",  # PM
+    "\x1bc",  # ESC c: reset the terminal
+    "\x9b31m",  # C1 CSI
+    " bidi",
+    "\u202e",  # right-to-left override
+    "evil",
+    "\u2066",  # left-to-right isolate
+    " end",
+    "\x07",  # BEL
+)
+
+
+def save_scripted_chat_model(directory: Path, pieces: tuple[str, ...] = HOSTILE_REPLY_PIECES) -> Path:
+    """A tiny llama whose greedy reply to any message is `pieces` joined, then the end of turn.
+
+    Each piece is a token of its own (added to the ChatML tokenizer), and the model maps
+    the last token it sees to the next one of the script: embeddings put each script token
+    on its own axis, attention and MLP outputs are zero so the residual stream stays that
+    axis, and the output head points each axis at the following token. The script starts
+    after the newline that ends every prompt, and ends with <|im_end|>.
+    """
+    tokenizer = _wrap_byte_level(CHATML_TEMPLATE)
+    tokenizer.add_tokens(list(pieces))
+    start = tokenizer.convert_tokens_to_ids("Ċ")  # the byte-level newline: the last token of a prompt
+    chain = [start, *tokenizer.convert_tokens_to_ids(list(pieces))]
+    if len(set(chain)) != len(chain):
+        raise ValueError("each piece of the script must be a distinct token")
+    following = [*chain[1:], tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    model = tiny_model("llama", vocab_size=VOCAB)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    hidden = model.config.hidden_size
+    state["model.embed_tokens.weight"].zero_()
+    state["lm_head.weight"].zero_()
+    for axis, (token, next_token) in enumerate(zip(chain, following, strict=True)):
+        state["model.embed_tokens.weight"][token, axis] = 1.0
+        state["lm_head.weight"][next_token, axis] = 10.0
+    for name, tensor in state.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor.zero_()
+    if len(chain) > hidden:
+        raise ValueError(f"a script of {len(chain)} tokens needs a hidden size of at least that")
     model.save_pretrained(directory, state_dict=state)
     tokenizer.save_pretrained(directory)
     return directory

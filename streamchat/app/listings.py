@@ -1,0 +1,75 @@
+"""What `streamchat models` and `streamchat sessions` print: a table for people, records for --json."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from streamchat.app.safe_text import safe_text
+from streamchat.app.status import first_words
+from streamchat.engine.session_file import SessionSummary
+from streamchat.loading.catalog import CatalogEntry
+
+# Characters of a session's first message that the sessions table shows.
+FIRST_MESSAGE_PREVIEW = 60
+
+
+def models_table(entries: list[CatalogEntry]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    table.add_column("alias", no_wrap=True)
+    # Folded, not cut: a path or hub id is useless with its end replaced by an ellipsis.
+    table.add_column("resolves to", overflow="fold")
+    table.add_column("offline")
+    for entry in entries:
+        alias = Text.assemble(entry.alias, (" (default)", "dim")) if entry.is_default else Text(entry.alias)
+        table.add_row(alias, safe_text(entry.source.location), _availability(entry))
+    return table
+
+
+def catalog_record(entry: CatalogEntry) -> dict[str, object]:
+    return {
+        "alias": entry.alias,
+        "kind": entry.source.kind,
+        "resolves_to": entry.source.location,
+        "default": entry.is_default,
+        "offline": entry.offline,
+        "needs_conversion": entry.needs_conversion,
+    }
+
+
+def sessions_table(summaries: list[SessionSummary]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for header in ("when", "model", "turns", "first message", "file"):
+        table.add_column(header, no_wrap=True, justify="right" if header == "turns" else "left")
+    for summary in summaries:
+        table.add_row(
+            f"{summary.updated:%Y-%m-%d %H:%M}",
+            safe_text(summary.model or "?"),
+            f"{summary.turns:,}",
+            safe_text(_preview(summary.first_message or "")),
+            safe_text(str(summary.path)),
+        )
+    return table
+
+
+def session_record(summary: SessionSummary) -> dict[str, object]:
+    return {
+        "path": str(summary.path),
+        "updated": summary.updated.isoformat(timespec="seconds"),
+        "model": summary.model,
+        "turns": summary.turns,
+        "first_message": summary.first_message,
+    }
+
+
+def _preview(message: str) -> str:
+    """The message on one line, cut at a word near FIRST_MESSAGE_PREVIEW characters (a preview, not a column cut)."""
+    line = " ".join(message.split())
+    shown = first_words(line, FIRST_MESSAGE_PREVIEW)
+    return shown + ("…" if len(shown) < len(line) else "")
+
+
+def _availability(entry: CatalogEntry) -> str:
+    if entry.source.kind == "gguf":
+        return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
+    return "yes, in the Hugging Face cache" if entry.offline else "no"
