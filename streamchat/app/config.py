@@ -143,6 +143,7 @@ class RunConfig:
     device_map: str | None = None
     evict: str = defaults.EVICTION_POLICY
     read_all: bool = defaults.READ_ALL
+    compile: str = defaults.COMPILE
     trust_remote_code: bool = False
     allow_pickle: bool = False
     markdown: bool = False
@@ -182,6 +183,7 @@ _CONVERTERS: dict[str, Converter] = {
     "device_map": _text,
     "evict": _one_of(defaults.EVICTION_POLICIES),
     "read_all": _boolean,
+    "compile": _one_of(defaults.COMPILE_SETTINGS),
     "trust_remote_code": _boolean,
     "allow_pickle": _boolean,
     "markdown": _boolean,

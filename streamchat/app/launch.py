@@ -139,6 +139,7 @@ def load_options(config: RunConfig) -> LoadOptions:
 
 
 def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
+    from streamchat.engine.decoder import compile_backend
     from streamchat.engine.session import ChatSession, SessionOptions
     from streamchat.engine.settings import GenerationSettings
 
@@ -152,8 +153,21 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
         read_all=config.read_all,
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),
+        compile_backend=compile_backend(config.compile, loaded.device),
     )
+    if options.compile_backend is not None:
+        use_compile_cache()
     return ChatSession(loaded.model, loaded.tokenizer, options)
+
+
+def use_compile_cache() -> None:
+    """Keep torch.compile's generated code in streamchat's cache dir, so the next start skips compiling.
+
+    TorchInductor caches by default under /tmp, which a reboot empties; $TORCHINDUCTOR_CACHE_DIR wins.
+    """
+    from streamchat.loading.conversion import cache_root
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 def _banner(config: RunConfig, loaded: LoadedModel) -> str:

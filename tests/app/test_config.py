@@ -149,6 +149,7 @@ EVERY_OPTION = {
     "device_map": ("auto", "auto"),
     "evict": ("turn", "turn"),
     "read_all": ("true", True),
+    "compile": ("on", "on"),
     "trust_remote_code": ("1", True),
     "allow_pickle": ("on", True),
     "markdown": ("yes", True),
@@ -236,6 +237,7 @@ def test_bad_environment_values_name_the_variable(env: dict[str, str], message: 
         ({"max_new_tokens": 0}, "--max-new-tokens 0: must be >= 1"),
         ({"dtype": "fp16"}, "--dtype fp16: must be one of auto, float32, bfloat16, float16"),
         ({"output-format": "html"}, "--output-format html: must be one of text, jsonl, markdown"),
+        ({"compile": "yes"}, "--compile yes: must be one of auto, on, off"),
         ({"model": ""}, "--model : must not be empty"),
     ],
 )
