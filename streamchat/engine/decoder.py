@@ -93,7 +93,14 @@ class Decoder:
         row = self._penalized(self._row)
         drawn = self._sampler.draw(row, self._settings)
         self._reader.send(drawn)
-        eviction = self._feed(drawn.token)
+        if not self._reader.asynchronous:
+            # The host waits for the token anyway: settle the draw before feeding it.
+            token, settled = self._reader.receive()
+            if not settled:
+                drawn = self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False)
+                token = int(drawn.token.item())
+            return Decoded(token, self._feed(drawn.token))
+        eviction = self._feed(drawn.token)  # queued before the token is read: the device keeps busy
         token, settled = self._reader.receive()
         if not settled:
             # The shortlist could not decide: take the step back, draw over the whole vocabulary.
