@@ -4,7 +4,12 @@ Each tiny random model streams 20 prompt tokens and then 2000 decode steps, with
 few multi-token steps among them, through 4 sinks + a 60-token window: about 1960
 evictions and dozens of position rebases. Both caches see the same tokens; the
 logits after every step are compared. Single tokens take the engine's decode step
-(device tensors only), longer steps the eager one.
+(device tensors only) once the sinks are full, the eager one before; longer steps
+the eager one.
+
+A kept prefix (--keep system) is sinks too, only more of them: the same streams run
+with 40 kept tokens (they fill one by one after the prompt, through eager steps) on
+a model of each kind the cache treats differently (KEPT_TYPES), within the same bounds.
 """
 
 import copy
@@ -20,21 +25,26 @@ from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model
 from tests.support.reference_cache import NaiveSinkCache
 
 SINKS, WINDOW, PROMPT, DECODE_STEPS = 4, 60, 20, 2000
+KEPT = 40  # a system turn's worth of kept tokens
+# One model type per way the cache treats a layer: rotate-half (llama), interleaved pairs (cohere),
+# partial rotary dims (gpt_neox), the model's own sliding-window layers beside sink layers (gemma2),
+# two rotary geometries in one model (gemma3_text). The other types repeat one of these paths.
+KEPT_TYPES = ["cohere", "gemma2", "gemma3_text", "gpt_neox", "llama"]
 
 
-def stream(model, *, follow: bool, step=decode_step) -> tuple[float, float]:
+def stream(model, *, follow: bool, step=decode_step, sinks: int = SINKS) -> tuple[float, float]:
     """(max |logit difference|, top-1 agreement) between the sink cache and the reference."""
     generator = torch.Generator().manual_seed(1)
     device = model.get_input_embeddings().weight.device
     tokens = torch.randint(3, VOCAB, (PROMPT + DECODE_STEPS + 200,), generator=generator).to(device)
     steps = [PROMPT] + [7 if i % 250 == 125 else 1 for i in range(DECODE_STEPS)]
-    real, reference = SinkCache.for_model(model, SINKS, WINDOW), NaiveSinkCache(model, SINKS, WINDOW)
+    real, reference = SinkCache.for_model(model, sinks, WINDOW), NaiveSinkCache(model, sinks, WINDOW)
     worst, agreed, fed = 0.0, 0, 0
     with torch.inference_mode():
         for count in steps:
             ids = tokens[fed : fed + count][None]
             fed += count
-            if count == 1:
+            if count == 1 and real.ledger.sinks_full:
                 real.evict_for_space(1)
                 real.prepare_decode()
                 ours = step(model, real, ids)[0, -1].float()
@@ -62,6 +72,14 @@ def test_bfloat16_top1_agrees_with_the_reference(model_type):
     # otherwise the model's own bf16 RoPE, which rounds cos and sin differently at each
     # position, would flip near-ties for reasons unrelated to either cache.
     _, agreement = stream(tiny_model(model_type, dtype=torch.bfloat16), follow=True)
+    assert agreement >= 0.99
+
+
+@pytest.mark.parametrize("model_type", KEPT_TYPES)
+def test_a_kept_prefix_of_40_tokens_streams_like_4_sinks(model_type):
+    worst, _ = stream(tiny_model(model_type), follow=False, sinks=KEPT)
+    assert worst <= 1e-3
+    _, agreement = stream(tiny_model(model_type, dtype=torch.bfloat16), follow=True, sinks=KEPT)
     assert agreement >= 0.99
 
 
