@@ -7,7 +7,10 @@
   A rebase rotates every slot, so one that is due runs before the snapshot and the next
   ones wait until it is released, unless the snapshot had to save every slot anyway.
 - `cache_state` / `load_cache_state`: everything the cache holds, as named tensors (for
-  safetensors), to resume a conversation exactly.
+  safetensors), to resume a conversation exactly. Only slots written at least once are
+  saved: the others are zeros in a new cache, as they were in this one when it was new,
+  and attention never sees them (masks come from the ledgers), so a short conversation
+  saves a short state.
 """
 
 from __future__ import annotations
@@ -115,7 +118,10 @@ def cache_state(cache: SinkCache) -> dict[str, torch.Tensor]:
     for index, layer in enumerate(cache.layers):
         if not layer.is_initialized:
             continue
-        state[f"layers.{index}.keys"], state[f"layers.{index}.values"] = layer.keys.cpu(), layer.values.cpu()
+        written = cache.sliding.ring.extent if isinstance(layer, SlidingLayer) else cache.sinks + ring.extent
+        # [batch, heads, written, dim]: contiguous, as safetensors stores them.
+        state[f"layers.{index}.keys"] = layer.keys[:, :, :written].contiguous().cpu()
+        state[f"layers.{index}.values"] = layer.values[:, :, :written].contiguous().cpu()
         if isinstance(layer, SinkLayer):
             state[f"layers.{index}.pristine_sinks"] = layer.pristine_sinks.cpu()
     return state
@@ -125,6 +131,8 @@ def cache_state(cache: SinkCache) -> dict[str, torch.Tensor]:
 def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
     """Put back what cache_state() saved; CacheStateError when it was saved from a cache of another shape."""
     numbers = state["ledger"].tolist()
+    if len(numbers) != (14 if cache.sliding is not None else 10):
+        raise CacheStateError("the saved cache has other layer kinds than this model's")
     version, sinks, window, sinks_held, seen, evicted, offset, head, length, extent = numbers[:10]
     if version != STATE_VERSION or (sinks, window) != (cache.sinks, cache.window):
         raise CacheStateError(
@@ -146,15 +154,24 @@ def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
         values = state[f"layers.{index}.values"]
         if not layer.is_initialized:
             layer.lazy_initialization(keys[:, :, :1].to(cache.device), values[:, :, :1].to(cache.device))
-        if layer.keys.shape != keys.shape or layer.keys.dtype != keys.dtype:
+        written = keys.shape[2]
+        stored = layer.keys[:, :, :written]
+        if stored.shape != keys.shape or layer.keys.dtype != keys.dtype or values.shape[:3] != keys.shape[:3]:
             raise CacheStateError(
-                f"layer {index} was saved as {tuple(keys.shape)} {keys.dtype}, not {layer.keys.shape}"
+                f"layer {index} was saved as {tuple(keys.shape)} {keys.dtype}, not {tuple(layer.keys.shape)} "
+                f"{layer.keys.dtype}"
             )
-        layer.keys.copy_(keys)
-        layer.values.copy_(values)
+        stored.copy_(keys)
+        layer.values[:, :, :written].copy_(values)
+        layer.keys[:, :, written:].zero_()  # as in the cache that was saved, never written (masks hide them)
+        layer.values[:, :, written:].zero_()
         if isinstance(layer, SinkLayer):
             pristine = state[f"layers.{index}.pristine_sinks"].to(cache.device)
+            if pristine.shape != layer.pristine_sinks.shape:
+                raise CacheStateError(f"layer {index}'s sinks were saved as {tuple(pristine.shape)}")
             layer.pristine_sinks.copy_(pristine)
             layer.sink_partners.copy_(layer.rotary.partner(pristine))
+    if state["token_ids"].shape != cache.occupancy.token_ids.shape:
+        raise CacheStateError(f"the saved cache has {state['token_ids'].shape[0]} slots, not {cache.ledger.slots}")
     cache.occupancy.token_ids.copy_(state["token_ids"])
     Checkpoint(ledger, sliding).restore(cache)

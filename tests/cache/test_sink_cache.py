@@ -318,6 +318,23 @@ def test_the_whole_state_saved_and_loaded_into_a_new_cache_continues_exactly():
         assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
+def test_a_state_holds_only_the_slots_written_and_a_loaded_one_continues_exactly_in_a_used_cache():
+    saved, straight, used = Player(4, 30, torch.float32), Player(4, 30, torch.float32), Player(4, 30, torch.float32)
+    for player in (saved, straight):
+        player.feed(10)
+        _play(player, [1] * 5)
+    _play(used, [20] + [1] * 40)  # a cache that held another stream: every slot written
+    state = cache_state(saved.cache)
+    assert state["layers.0.keys"].shape == (1, HEADS, 4 + 11, HEAD_DIM)  # the sinks and 11 ring slots written
+    load_cache_state(used.cache, state)
+    used.seen = saved.seen
+    assert torch.equal(used.cache.layers[0].keys, straight.cache.layers[0].keys)
+    for (ours, position), (theirs, their_position) in zip(
+        _play(used, [1] * 40 + [3]), _play(straight, [1] * 40 + [3]), strict=True
+    ):
+        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
 def test_a_state_saved_from_another_shape_is_refused():
     player = Player(4, 30, torch.bfloat16)
     player.feed(10)
