@@ -34,7 +34,7 @@ class CacheMirror:
         self.sinks: list[tuple[int, int]] = []  # (token id, message index)
         self.window: deque[tuple[int, int]] = deque()
         self.forgotten = 0
-        self._last_forgotten_message = NO_MESSAGE
+        self.last_forgotten_message = NO_MESSAGE  # the message the latest forgotten token came from
 
     def append(self, token_ids: list[int], message: int) -> None:
         for token_id in token_ids:
@@ -48,27 +48,27 @@ class CacheMirror:
         evicted = [self.window.popleft() for _ in range(count)]
         self.forgotten += count
         if evicted:
-            self._last_forgotten_message = evicted[-1][1]
+            self.last_forgotten_message = evicted[-1][1]
         return [token_id for token_id, _ in evicted]
 
     def skip(self, count: int, message: int) -> None:
         """Count `count` tokens of `message` as forgotten without their ever entering the window."""
         if count:
             self.forgotten += count
-            self._last_forgotten_message = message
+            self.last_forgotten_message = message
 
     def copy(self) -> CacheMirror:
         clone = CacheMirror(self.sink_capacity)
         clone.sinks, clone.window = list(self.sinks), deque(self.window)
-        clone.forgotten, clone._last_forgotten_message = self.forgotten, self._last_forgotten_message
+        clone.forgotten, clone.last_forgotten_message = self.forgotten, self.last_forgotten_message
         return clone
 
     def token_ids(self) -> list[int]:
         return [token_id for token_id, _ in self.sinks] + [token_id for token_id, _ in self.window]
 
     def view(self) -> CacheView:
-        first_message = self.window[0][1] if self.window else self._last_forgotten_message + 1
-        partly = first_message if self._last_forgotten_message == first_message else None
+        first_message = self.window[0][1] if self.window else self.last_forgotten_message + 1
+        partly = first_message if self.last_forgotten_message == first_message else None
         forgotten_messages = first_message if self.forgotten else 0
         return CacheView(
             sink_ids=tuple(token_id for token_id, _ in self.sinks),

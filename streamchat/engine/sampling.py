@@ -151,6 +151,14 @@ class Sampler:
             token = int(self.draw(logits, settings, drawn.uniform, shortlist=False).token.item())
         return token
 
+    def random_state(self) -> torch.Tensor | None:
+        """Where the generator stands (a byte tensor), None before the first draw: it starts from the seed."""
+        return None if self._generator is None else self._generator.get_state()
+
+    def set_random_state(self, state: torch.Tensor, device: torch.device) -> None:
+        """Stand where random_state() stood, on `device` (the one the logits will live on)."""
+        self._generator_for(device).set_state(state)
+
     def _generator_for(self, device: torch.device) -> torch.Generator:
         if self._generator is None:
             # On the device the logits live on, so drawing needs no copy.
