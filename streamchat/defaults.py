@@ -3,6 +3,10 @@
 # The cache: StreamingLLM's defaults (4 attention sinks, a 2000-token recent window).
 SINKS = 4
 WINDOW = 2000
+# What the cache keeps forever as its sinks (--keep): "system", every token through the end of
+# the system turn (never fewer than SINKS), or a number of first tokens.
+KEEP_SYSTEM = "system"
+KEEP = KEEP_SYSTEM
 # Longest run of tokens fed to the model in one forward pass while prefilling.
 PREFILL_CHUNK = 256
 # A prompt longer than the cache: False reads its start and its last two windows (the rest

@@ -15,16 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamchat import defaults
 from streamchat.app import commands
 from streamchat.app.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
+from streamchat.app.resuming import load_session, save_state
 from streamchat.app.signals import Interrupted, termination_deferred
 from streamchat.app.status import first_words, status_figures
 from streamchat.app.typeahead import keys_held
+from streamchat.engine.cache_file import StateKey
 from streamchat.engine.events import Event, StopReason, TurnFinished
-from streamchat.engine.journal import Journal, claim_journal, release_journal
+from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
-from streamchat.engine.session_file import JOURNAL_VERSION, read_session
 from streamchat.errors import CommandError, StreamchatError
 
 
@@ -35,14 +37,19 @@ class ChatApp:
     prompter: Prompter
     model_name: str
     journal: Journal
+    state_key: StateKey | None = None  # None: no cache state is written or restored
 
     def __post_init__(self) -> None:
         self.turns = 0
         self.last_turn: TurnFinished | None = None
         self._stop_reason: StopReason | None = None  # of a reply the journal has not recorded yet
 
-    def run(self) -> int:
+    def run(self, resume: Path | None = None) -> int:
+        """Chat until the user leaves; first go on with the conversation saved at `resume`, if given."""
         try:
+            if resume is not None:
+                self.load(resume)
+                self.record()
             while (line := self.prompter.read()) is not None:
                 try:
                     item = commands.parse_line(line)
@@ -116,10 +123,15 @@ class ChatApp:
             case commands.Save(path=None):
                 self.record()
                 where = self.journal.path
-                display.notice(f"the conversation is saved as it goes, in {where}" if where else "nothing to save yet")
+                if where is None:
+                    display.notice("nothing to save yet")
+                else:
+                    state = save_state(session, where, self.state_key)
+                    display.notice(f"the conversation is saved as it goes, in {where}{_state_words(state)}")
             case commands.Save(path=path):
                 session.save(path, self.model_name)
-                display.notice(f"saved {len(session.transcript)} messages to {path}")
+                state = save_state(session, path, self.state_key)
+                display.notice(f"saved {len(session.transcript)} messages to {path}{_state_words(state)}")
             case commands.Load(path=path):
                 self.load(path)
             case commands.Stats():
@@ -158,6 +170,7 @@ class ChatApp:
             forgotten.append(f"the start of message {view.partly_forgotten_message + 1}")
         return [
             ("capacity", f"{stats.capacity:,} = {stats.sink_capacity} sinks + {stats.window_capacity:,} window"),
+            ("kept", _kept_description(self.session.keep, stats.sink_capacity)),
             ("sinks", repr(self.session.decode(view.sink_ids))),
             ("window starts", " ".join(words[:12]) + (" …" if len(words) > 12 else "")),
             ("window ends", ("… " if len(words) > 12 else "") + " ".join(words[-12:])),
@@ -165,23 +178,10 @@ class ChatApp:
         ]
 
     def load(self, path: Path) -> None:
-        """Replace the conversation with a saved one; a journal is resumed, so the conversation goes on in it."""
-        saved = read_session(path)
-        current = self.journal.path
-        is_current = current is not None and current.resolve() == path.resolve()
-        # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
-        claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
-        try:
-            replay = self.session.load(path)
-        except BaseException:
-            if claimed is not None:
-                release_journal(claimed)
-            raise
-        if claimed is not None:
-            self.journal.resume(path, saved, claimed)
-        elif saved.version != JOURNAL_VERSION:
-            self.journal.new_conversation()  # an old JSON file: the conversation goes on in a new journal
-        self.turn(replay)
+        """Replace the conversation with a saved one, exactly where it stopped when its cache state fits,
+        else replayed; a journal is resumed, so the conversation goes on in it."""
+        events, saved = load_session(self.session, self.journal, path, self.state_key)
+        self.turn(events)
         if saved.unanswered is not None:
             self.display.notice(
                 "the last message in that session never got its reply (the session ended first), so it was "
@@ -189,6 +189,12 @@ class ChatApp:
             )
 
     def goodbye(self) -> None:
+        try:
+            # However the chat ends, the next run can go on exactly from here.
+            save_state(self.session, self.journal.path if self.journal.failure is None else None, self.state_key)
+        except StreamchatError as error:
+            with suppress(OSError):
+                self.display.error(str(error))
         self.journal.close()
         stats = self.session.cache_stats()
         turns = f"{self.turns} turn{'' if self.turns == 1 else 's'}"
@@ -196,10 +202,20 @@ class ChatApp:
         if self.journal.failure is not None:
             line += f" · {self.journal.failure}"
         elif self.journal.path is not None:
-            line += f" · saved to {self.journal.path} (/load it to continue)"
+            line += f" · saved to {self.journal.path} (streamchat run --continue goes on with it)"
         # After SIGHUP the terminal may be gone: the session file is written, and that is what matters.
         with suppress(OSError):
             self.display.notice(line)
+
+
+def _state_words(size: int | None) -> str:
+    return "" if size is None else f", with its cache state ({size / 2**20:,.1f} MiB) beside it"
+
+
+def _kept_description(keep: str | int, kept: int) -> str:
+    if keep == defaults.KEEP_SYSTEM:
+        return f"--keep system: the first {kept} tokens (through the system turn, at least {defaults.SINKS}), for ever"
+    return f"--keep {keep}: the first {kept} tokens, for ever"
 
 
 @contextmanager

@@ -181,8 +181,15 @@ def _run_option(help_text: str, panel: str, *names: str, metavar: str | None = N
 @app.command(epilog=RUN_EPILOG)
 def run(
     model: ModelOption = None,
-    sinks: Annotated[
-        int | None, _run_option(f"First tokens kept forever (attention sinks). \\[default: {defaults.SINKS}]", "Cache")
+    keep: Annotated[
+        str | None,
+        _run_option(
+            "What the cache keeps forever (as attention sinks): system, every token through the end of the system "
+            "turn, so the model never forgets its instructions; or N, the first N tokens (4 is the paper's). "
+            f"\\[default: {defaults.KEEP}]",
+            "Cache",
+            metavar="[system|N]",
+        ),
     ] = None,
     window: Annotated[
         int | None,
@@ -252,7 +259,7 @@ def run(
         _run_option(
             "Compile the decode step into one graph (CUDA graphs on a GPU). auto: on for CUDA, off on CPU, where it "
             "does not pay. The first start compiles for a minute or so; later starts reuse the compiled code. "
-            f"\[default: {defaults.COMPILE}]",
+            f"\\[default: {defaults.COMPILE}]",
             "Model",
             metavar=f"[{'|'.join(defaults.COMPILE_SETTINGS)}]",
         ),
@@ -305,6 +312,24 @@ def run(
         str | None,
         _run_option(
             "How the transcript is written to stdout. \\[default: text]", "Transcript", metavar="[text|jsonl|markdown]"
+        ),
+    ] = None,
+    continue_: Annotated[
+        bool | None,
+        _run_option(
+            "Go on with the most recent conversation, exactly where it stopped (its saved cache state, else a "
+            "replay). Its settings and system prompt come with it.",
+            "Session",
+            "--continue",
+            metavar="",
+        ),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        _run_option(
+            "Go on with this conversation: a session file, or its id (see `streamchat sessions`).",
+            "Session",
+            metavar="FILE|ID",
         ),
     ] = None,
 ) -> None:

@@ -17,6 +17,7 @@ the engine then uses the model's generation config.
 from __future__ import annotations
 
 import difflib
+import keyword
 import math
 import shlex
 import sys
@@ -127,7 +128,7 @@ class RunConfig:
     """Everything `streamchat run` needs to know, validated (see _CONVERTERS for the rules)."""
 
     model: str = defaults.DEFAULT_MODEL
-    sinks: int = defaults.SINKS
+    keep: str | int = defaults.KEEP  # "system", or a number of first tokens
     window: int = defaults.WINDOW
     max_new_tokens: int | None = None  # None: the model's generation config, else defaults.MAX_NEW_TOKENS
     temperature: float | None = None
@@ -151,13 +152,28 @@ class RunConfig:
     transcript_format: TranscriptFormat = defaults.TRANSCRIPT_FORMAT
     turns: TurnSplit = defaults.TRANSCRIPT_TURNS
     output_format: OutputFormat = defaults.OUTPUT_FORMAT
+    continue_: bool = False  # the option `continue` (a Python keyword): go on with the most recent session
+    resume: str | None = None  # a session file or id to go on with
 
     def __post_init__(self) -> None:
         # Direct construction (tests, other commands) gets the same checks as resolve_run_config.
         for option in fields(self):
             value = getattr(self, option.name)
             if value is not None or option.default is not None:
-                _convert(option.name, value, f"{option.name}={value!r}")
+                name = _option_name(option.name)
+                _convert(name, value, f"{name}={value!r}")
+
+
+def _keep(raw: object) -> str | int:
+    if raw == defaults.KEEP_SYSTEM:
+        return defaults.KEEP_SYSTEM
+    try:
+        number = _integer(raw)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"must be {defaults.KEEP_SYSTEM!r} (the system turn) or a whole number of first tokens >= 0")
+    return number
 
 
 _NON_NEGATIVE_INTEGER = _checked(_integer, lambda n: n >= 0, "must be >= 0")
@@ -166,7 +182,7 @@ _POSITIVE_INTEGER = _checked(_integer, lambda n: n >= 1, "must be >= 1")
 # How each option is read and checked; its keys are the config-file keys.
 _CONVERTERS: dict[str, Converter] = {
     "model": _checked(_text, bool, "must not be empty"),
-    "sinks": _NON_NEGATIVE_INTEGER,
+    "keep": _keep,
     "window": _POSITIVE_INTEGER,
     "max_new_tokens": _POSITIVE_INTEGER,
     "temperature": _checked(_number, lambda x: x >= 0, "must be >= 0"),
@@ -191,7 +207,18 @@ _CONVERTERS: dict[str, Converter] = {
     "transcript_format": _one_of(TRANSCRIPT_FORMATS),
     "turns": _one_of(TURN_SPLITS),
     "output_format": _one_of(OUTPUT_FORMATS),
+    "continue": _boolean,
+    "resume": _checked(_text, bool, "must not be empty"),
 }
+
+
+def _option_name(name: str) -> str:
+    """The option a RunConfig field, a config key or a command-line parameter names: `continue_` is `continue`."""
+    return name.replace("-", "_").rstrip("_")
+
+
+def _field_name(option: str) -> str:
+    return f"{option}_" if keyword.iskeyword(option) else option
 
 
 def config_file_location(env: Mapping[str, str]) -> Path:
@@ -224,7 +251,7 @@ def resolve_run_config(cli: Mapping[str, object], env: Mapping[str, str], config
     values = _from_config_file(config_file) if config_file is not None else {}
     values |= _from_environment(env)
     values |= _from_command_line(cli)
-    return RunConfig(**values)
+    return RunConfig(**{_field_name(name): value for name, value in values.items()})
 
 
 def _from_config_file(path: Path) -> dict[str, object]:
@@ -238,14 +265,20 @@ def _from_config_file(path: Path) -> dict[str, object]:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
     values = {}
     for key, raw in table.items():
-        name = key.replace("-", "_")
+        name = _option_name(key)
         if name not in _CONVERTERS:
             raise ConfigError(f"{path}: unknown key {key!r}{_suggestion(key)}")
         values[name] = _convert(name, raw, f"{path}: {key} = {raw!r}")
     return values
 
 
+# Keys that earlier versions read, and what they are called now.
+_RENAMED = {"sinks": "keep"}
+
+
 def _suggestion(key: str) -> str:
+    if key.replace("-", "_") in _RENAMED:
+        return f" (it is called {_RENAMED[key.replace('-', '_')]!r} now)"
     close = difflib.get_close_matches(key.replace("-", "_"), _CONVERTERS, n=1)
     if not close:
         return f"; the keys are {', '.join(_CONVERTERS)}"
@@ -268,7 +301,7 @@ def _from_command_line(cli: Mapping[str, object]) -> dict[str, object]:
     for key, raw in cli.items():
         if raw is None:
             continue
-        name = key.replace("-", "_")
+        name = _option_name(key)
         if name not in _CONVERTERS:
             raise ValueError(f"{key!r} is not a `streamchat run` option")  # a bug in the caller
         values[name] = _convert(name, raw, f"--{name.replace('_', '-')} {raw}")

@@ -27,10 +27,12 @@ from streamchat.engine.events import (
     Compiling,
     Event,
     Evicted,
+    NotResumed,
     PromptProgress,
     PromptSkipped,
     PromptTruncated,
     Replayed,
+    Resumed,
     TextDelta,
     TurnFinished,
     TurnStats,
@@ -142,6 +144,10 @@ class ChatDisplay:
             self._turn_summary(event.stats)
         elif isinstance(event, Replayed):
             self._print(Text(f"replayed {event.messages} messages ({event.tokens:,} tokens)", style="dim"))
+        elif isinstance(event, Resumed):
+            self._print(Text(resumed_text(event), style="dim"))
+        elif isinstance(event, NotResumed):
+            self._print(Text.assemble(("not resumed exactly, replayed: ", "yellow"), safe_text(event.reason)))
         elif isinstance(event, Compiling):
             self._print(Text("compiling the decode step (once per start; later starts reuse the cache)…", style="dim"))
             if self._live is not None:
@@ -250,6 +256,10 @@ class ChatDisplay:
 
 def _forgot(count: int) -> tuple[tuple[str, str], ...]:
     return ("⟲ ", "yellow"), (f"forgot {count:,} token{'s' if count != 1 else ''}", "yellow")
+
+
+def resumed_text(event: Resumed) -> str:
+    return f"resumed {event.messages} messages exactly where they stopped ({event.tokens:,} tokens in the cache)"
 
 
 def prompt_skipped_text(event: PromptSkipped) -> str:

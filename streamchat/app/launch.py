@@ -24,14 +24,17 @@ from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
 from streamchat.app.display import ChatDisplay
 from streamchat.app.errors import stderr
+from streamchat.app.resuming import save_state, session_to_resume, state_key
 from streamchat.app.safe_text import safe_text
 from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.app.typeahead import keys_held
+from streamchat.errors import StreamchatError
 from streamchat.loading import LoadedModel, LoadOptions
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
+    from streamchat.engine.cache_file import StateKey
     from streamchat.engine.journal import Journal
     from streamchat.engine.session import ChatSession
 
@@ -52,23 +55,31 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
     # Opened and read up to its first item before the model loads, so that a missing, empty or
     # binary transcript fails at once; the rest is read as the turns run (stdin may be a live pipe).
     items = None if interactive else _first_read(_transcript_items(config))
+    # Which conversation to go on with, also settled before the model loads.
+    resume = session_to_resume(config, data_dir() / "sessions")
     # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
     with keys_held() if interactive else nullcontext():
         loaded = load(load_options(config))
         session = _session(config, loaded)
-    if loaded.max_context and config.sinks + config.window > loaded.max_context:
+        key = state_key(config, loaded)
+    if config.continue_ and resume is None:
+        stderr.print("no saved session to continue: this is a new one", highlight=False)
+    kept = session.cache.sinks
+    if loaded.max_context and kept + config.window > loaded.max_context:
         stderr.print(
-            f"[yellow]warning:[/] a cache of {config.sinks + config.window:,} tokens is longer than the "
+            f"[yellow]warning:[/] a cache of {kept + config.window:,} tokens is longer than the "
             f"{loaded.max_context:,} {loaded.source.name} was trained on; expect worse replies (try --window "
-            f"{loaded.max_context - config.sinks})",
+            f"{max(1, loaded.max_context - kept)})",
             highlight=False,
         )
     if interactive:
-        return _interactive(config, loaded, session)
-    return _piped(config, loaded, session, items)
+        return _interactive(config, loaded, session, resume, key)
+    return _piped(config, loaded, session, items, resume, key)
 
 
-def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> int:
+def _interactive(
+    config: RunConfig, loaded: LoadedModel, session: ChatSession, resume: Path | None, key: StateKey
+) -> int:
     from streamchat.app.chat import ChatApp
     from streamchat.app.repl import Prompter, toolbar_text
 
@@ -80,18 +91,25 @@ def _interactive(config: RunConfig, loaded: LoadedModel, session: ChatSession) -
         return toolbar_text(stats if stats.seen else None, console.width)
 
     prompter = Prompter(data_dir() / "history", lambda: [key for key, _ in session.options()], toolbar)
-    display.notice(_banner(config, loaded))
+    display.notice(_banner(config, loaded, session))
     journal = _journal(config, loaded, display.error)
-    app = ChatApp(session, display, prompter, loaded.source.name, journal)
-    return app.run()
+    app = ChatApp(session, display, prompter, loaded.source.name, journal, key)
+    return app.run(resume)
 
 
-def _piped(config: RunConfig, loaded: LoadedModel, session: ChatSession, items: Iterator[TranscriptItem]) -> int:
-    from streamchat.app.piped import run_transcript
+def _piped(
+    config: RunConfig,
+    loaded: LoadedModel,
+    session: ChatSession,
+    items: Iterator[TranscriptItem],
+    resume: Path | None,
+    key: StateKey,
+) -> int:
+    from streamchat.app.piped import resume_conversation, run_transcript
 
     display = ChatDisplay(stderr, show_text=False) if stderr.is_terminal else None
     writer = transcript_writer(config.output_format, sys.stdout)
-    if config.system:
+    if config.system and resume is None:  # a conversation gone on with keeps its own system prompt
         writer.write_message("system", config.system)
 
     def report(text: str) -> None:
@@ -99,18 +117,24 @@ def _piped(config: RunConfig, loaded: LoadedModel, session: ChatSession, items: 
 
     journal = _journal(config, loaded, report)
     try:
+        if resume is not None:
+            resume_conversation(session, journal, resume, key, display, report)
         return run_transcript(session, items, writer, display, report, journal)
     finally:
+        try:
+            save_state(session, journal.path if journal.failure is None else None, key)
+        except StreamchatError as error:
+            report(str(error))
         journal.close()
         if display is not None and journal.path is not None and journal.failure is None:
             with suppress(OSError):  # after SIGHUP, nobody may be there to read it
-                display.notice(f"saved to {journal.path} (/load it to continue)")
+                display.notice(f"saved to {journal.path} (streamchat run --continue goes on with it)")
 
 
 def _journal(config: RunConfig, loaded: LoadedModel, on_error: Callable[[str], None]) -> Journal:
     from streamchat.engine.journal import Journal
 
-    cache = {"sinks": config.sinks, "window": config.window}
+    cache = {"keep": config.keep, "window": config.window}
     return Journal(data_dir() / "sessions", loaded.source.name, cache, on_error)
 
 
@@ -147,7 +171,7 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
     given = {option.name: getattr(config, option.name) for option in dataclasses.fields(GenerationSettings)}
     overrides = {name: value for name, value in given.items() if value is not None}
     options = SessionOptions(
-        sinks=config.sinks,
+        keep=config.keep,
         window=config.window,
         eviction=config.evict,
         read_all=config.read_all,
@@ -170,9 +194,10 @@ def use_compile_cache() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
-def _banner(config: RunConfig, loaded: LoadedModel) -> str:
+def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:
     dtype = str(loaded.dtype).removeprefix("torch.")
     return (
         f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
-        f"cache {config.sinks} sinks + {config.window:,} window · /help for commands, Ctrl-D to leave"
+        f"cache {session.cache.sinks} sinks (--keep {config.keep}) + {config.window:,} window · "
+        "/help for commands, Ctrl-D to leave"
     )

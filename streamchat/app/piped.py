@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from streamchat.app.display import ChatDisplay, prompt_skipped_text
 from streamchat.app.errors import INTERRUPTED_EXIT_CODE
+from streamchat.app.resuming import load_session
 from streamchat.app.signals import termination_deferred
 from streamchat.app.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
-from streamchat.engine.events import Event, PromptSkipped, TextDelta, TurnFinished
+from streamchat.engine.cache_file import StateKey
+from streamchat.engine.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
@@ -63,6 +66,35 @@ def run_transcript(
     if interrupted:
         return INTERRUPTED_EXIT_CODE
     return TranscriptError.exit_code if skipped else 0
+
+
+def resume_conversation(
+    session: ChatSession,
+    journal: Journal,
+    path: Path,
+    key: StateKey,
+    display: ChatDisplay | None,
+    report: Any,
+) -> None:
+    """Go on with the conversation saved at `path` before the transcript's turns (--continue, --resume).
+
+    Why its cache state could not be restored, if so, is a warning line without a live display.
+    """
+    events, saved = load_session(session, journal, path, key)
+    if display is None:
+        events = _not_resumed_reported(events, report)
+    with termination_deferred(session.stop):
+        _render(events, display)
+    journal.record(session)
+    if saved.unanswered is not None:
+        report(f"the last message in {path} never got its reply (the session ended first), so it was left out")
+
+
+def _not_resumed_reported(events: Iterator[Event], report: Any) -> Iterator[Event]:
+    for event in events:
+        if isinstance(event, NotResumed):
+            report(f"not resumed exactly, replayed: {event.reason}")
+        yield event
 
 
 def _play_turn(

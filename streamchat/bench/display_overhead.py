@@ -63,7 +63,7 @@ class DisplayOverhead:
 def measure_display_overhead(model: Any, tokenizer: Any, sizes: DisplaySizes) -> DisplayOverhead:
     """Answer the prompt `sizes.trials` times per side, greedily, from a fresh session each time."""
     settings = GenerationSettings(max_new_tokens=sizes.max_new_tokens, temperature=0.0)
-    session = ChatSession(model, tokenizer, SessionOptions(sinks=sizes.sinks, window=sizes.window, settings=settings))
+    session = ChatSession(model, tokenizer, SessionOptions(keep=sizes.sinks, window=sizes.window, settings=settings))
     with open(os.devnull, "w", encoding="utf-8") as sink:
         display = ChatDisplay(Console(file=sink, force_terminal=True, width=100, height=40))
         engine: list[TurnFinished] = []

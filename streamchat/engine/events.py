@@ -125,6 +125,21 @@ class Replayed:
     tokens: int  # fed: the sinks and the end of the conversation, not the middle it would evict
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """A saved conversation goes on exactly where it stopped: its saved cache state was restored, not replayed."""
+
+    messages: int
+    tokens: int  # in the cache
+
+
+@dataclass(frozen=True)
+class NotResumed:
+    """A saved conversation's cache state could not be used (`reason`, one line): it is replayed instead."""
+
+    reason: str
+
+
 Event = (
     TextDelta
     | Evicted
@@ -134,6 +149,8 @@ Event = (
     | CacheOccupancy
     | TurnFinished
     | Replayed
+    | Resumed
+    | NotResumed
     | Compiling
     | Compiled
 )

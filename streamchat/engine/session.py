@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
-from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
+from streamchat.cache.snapshots import release_snapshots
+from streamchat.engine.cache_file import SavedState, StateKey, read_state, state_path
 from streamchat.engine.decoder import Decoder
 from streamchat.engine.events import (
     CacheOccupancy,
@@ -32,40 +30,27 @@ from streamchat.engine.events import (
     Compiling,
     Event,
     Evicted,
+    NotResumed,
     PromptSkipped,
     PromptTruncated,
     Replayed,
+    Resumed,
     TextDelta,
     TurnFinished,
 )
+from streamchat.engine.kept_prefix import kept_tokens
 from streamchat.engine.mirror import CacheMirror, CacheView
+from streamchat.engine.out_of_memory import out_of_memory_reported
 from streamchat.engine.prompt_reading import REPLAYED_WINDOWS, ReadingProgress, prompt_parts, replayed_parts
+from streamchat.engine.regen import RegenPoint
 from streamchat.engine.reply import Reply
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.session_file import SavedSession, read_session, save_session
+from streamchat.engine.session_options import SessionOptions, eviction_policy
+from streamchat.engine.session_state import restore_session_tensors, write_session_state
 from streamchat.engine.settings import GenerationSettings
 from streamchat.engine.template import ChatFormat, Message, stop_token_ids
-from streamchat.errors import ConfigError, OutOfMemoryError, is_out_of_memory
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    sinks: int = defaults.SINKS
-    window: int = defaults.WINDOW
-    eviction: str = defaults.EVICTION_POLICY
-    system_prompt: str | None = None
-    prefill_chunk: int = defaults.PREFILL_CHUNK
-    # None: streamchat's defaults overridden by the model's generation config.
-    settings: GenerationSettings | None = None
-    # A prompt longer than the cache: False reads its start and last two windows, True every token.
-    read_all: bool = defaults.READ_ALL
-    # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
-    compile_backend: str | None = None
-
-    def __post_init__(self) -> None:
-        _eviction_policy(self.eviction)
-        if self.prefill_chunk < 1:
-            raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
+from streamchat.errors import CacheStateError, ConfigError
 
 
 class ChatSession:
@@ -80,15 +65,15 @@ class ChatSession:
             getattr(model, "generation_config", None)
         )
         self.sampler = Sampler(self.settings.seed)
-        self.cache = SinkCache.for_model(model, options.sinks, options.window)
-        self.decoder = Decoder(model, self.cache, options.compile_backend, vocab_size=len(tokenizer))
+        self.keep, self.window, self.compile_backend = options.keep, options.window, options.compile_backend
         self.device = model.get_input_embeddings().weight.device
-        self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
+        self.cache: SinkCache | None = None
         self.transcript: list[Message] = []
-        self.mirror = CacheMirror(options.sinks)
         self._stop_requested = False
-        self._snapshot: _Snapshot | None = None
+        self._replying = False  # a reply is open: its message is in the transcript, not yet closed in the cache
+        self._snapshot: RegenPoint | None = None
         self._conversation = 0  # counts resets: a reply abandoned before one must not close after it
+        self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
 
     # ---- reading the session --------------------------------------------------------------
 
@@ -135,7 +120,7 @@ class ChatSession:
         elif dropped > 0:
             yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=read - dropped)
         # /regen answers the same prompt again: not one that was read only in part.
-        self._snapshot = _Snapshot.take(self, logits) if read == wanted else None
+        self._snapshot = RegenPoint.take(self, logits) if read == wanted else None
         yield from self._reply(logits, read, started, prefilled)
 
     def regenerate(self) -> Iterator[Event]:
@@ -146,7 +131,7 @@ class ChatSession:
         self._stop_requested = False
         started = time.perf_counter()
         logits = self._snapshot.restore(self)
-        self._snapshot = _Snapshot.take(self, logits)  # the settings, and so the reply's reach, may have changed
+        self._snapshot = RegenPoint.take(self, logits)  # the settings, and so the reply's reach, may have changed
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield from self._reply(logits, 0, started, started)
 
@@ -161,8 +146,7 @@ class ChatSession:
             messages.pop()
         if messages and messages[-1]["role"] == "user":
             messages.pop()
-        in_step = self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache_stats().used
-        if messages == self.transcript and in_step:
+        if messages == self.transcript and self._cache_whole():
             return iter(())
         return self.replay(messages)
 
@@ -178,9 +162,11 @@ class ChatSession:
         self.mirror = CacheMirror(self.cache.sinks)
         self.transcript = []
         self._snapshot = None
+        self._replying = False
 
     def set_system_prompt(self, text: str | None) -> Iterator[Event]:
-        """Use a new system prompt: the conversation so far is replayed behind it."""
+        """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
+        kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
         chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
         feeds = _replay_feeds(chat_format, self.transcript)
         self._use_format(chat_format)
@@ -189,7 +175,7 @@ class ChatSession:
     def set_option(self, key: str, value: str) -> None:
         """Change a generation setting (or `eviction`) from text, as typed after /set."""
         if key == "eviction":
-            self.eviction = _eviction_policy(value)
+            self.eviction = eviction_policy(value)
             return
         self.settings = self.settings.with_value(key, value)
         if key == "seed":
@@ -210,18 +196,52 @@ class ChatSession:
         saved = SavedSession(answered, self.system_prompt, settings, self.eviction, model_name)
         save_session(path, saved)
 
-    def load(self, path: Path) -> Iterator[Event]:
-        """Replace this conversation with a saved one; nothing changes if the file is bad."""
+    def load(self, path: Path, key: StateKey | None = None) -> Iterator[Event]:
+        """Replace this conversation with a saved one; nothing changes if the file is bad.
+
+        With `key`, the cache state saved beside the file (cache_file.py) is restored when it
+        fits `key` and the conversation, and the session goes on exactly as it would have;
+        otherwise, or without `key`, the conversation is replayed.
+        """
         saved = read_session(path)
         settings = self.settings
-        for key, value in saved.settings.items():
-            settings = settings.with_value(key, value)
-        eviction = _eviction_policy(saved.eviction)
+        for name, value in saved.settings.items():
+            settings = settings.with_value(name, value)
+        eviction = eviction_policy(saved.eviction)
         chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
         feeds = _replay_feeds(chat_format, saved.messages)
+        state = read_state(state_path(path), key, saved) if key is not None else None
         self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
-        return self._replay(saved.messages, feeds)
+        return self._resume(saved.messages, feeds, state)
+
+    def save_state(self, path: Path, key: StateKey) -> int | None:
+        """Write the whole state to `path` (beside a session file: cache_file.state_path); its size in bytes.
+
+        None, and nothing written, when no whole conversation is in the cache (a turn torn off half way).
+        """
+        if len(self.transcript) % 2 or self._replying or not self._cache_whole():
+            return None
+        return write_session_state(self, path, key)
+
+    def _resume(
+        self, messages: list[Message], feeds: list[list[int]], state: SavedState | str | None
+    ) -> Iterator[Event]:
+        """Restore a saved state; or say why not (`state` is the reason), and replay the conversation."""
+        if isinstance(state, SavedState):
+            self.reset()
+            try:
+                restore_session_tensors(self, state.tensors, state.seed)
+            except CacheStateError as error:
+                state = str(error)
+            else:
+                self.transcript = [{"role": m["role"], "content": m["content"]} for m in messages]
+                yield CacheOccupancy(self.cache_stats(), 0.0)
+                yield Resumed(messages=len(messages), tokens=self.cache_stats().used)
+                return
+        if state is not None:
+            yield NotResumed(state)
+        yield from self._replay(messages, feeds)
 
     def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
         """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
@@ -269,7 +289,7 @@ class ChatSession:
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
         reply = Reply(self.tokenizer, self.settings, started, prefilled)
-        conversation = self._conversation
+        conversation, self._replying = self._conversation, True
         try:
             yield from self._decode(logits, reply, message)
         except GeneratorExit:
@@ -278,8 +298,10 @@ class ChatSession:
             if conversation == self._conversation:
                 reply.reason = "interrupted"
                 _drain(self._close(reply, message))
+                self._replying = False
             raise
         yield from self._close(reply, message)
+        self._replying = False
         stats = reply.stats(prompt_tokens)
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
@@ -292,7 +314,7 @@ class ChatSession:
             compiling = self.decoder.will_compile
             if compiling:
                 yield Compiling()
-            with _out_of_memory_reported(self.device, "generating"):
+            with out_of_memory_reported(self.device, "generating"):
                 decoded = self.decoder.next()  # already fed: a token that ends the reply is taken back
             if compiling and self.decoder.compile_seconds is not None:
                 yield Compiled(self.decoder.compile_seconds)
@@ -330,7 +352,7 @@ class ChatSession:
             for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
                 chunk = token_ids[start : start + size]
                 yield from self._evict_for(size)
-                with _out_of_memory_reported(self.device, f"reading {size} tokens"):
+                with out_of_memory_reported(self.device, f"reading {size} tokens"):
                     logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
                 self.mirror.append(chunk, message)
                 start += size
@@ -350,20 +372,25 @@ class ChatSession:
     # ---- helpers ---------------------------------------------------------------------------
 
     def _use_format(self, chat_format: ChatFormat) -> None:
-        self.chat_format = chat_format
+        """Talk in `chat_format` from now on, through a cache that keeps its prefix (a new one if it must)."""
+        kept = kept_tokens(chat_format, self.keep, self.window)
         generation_config = getattr(self.model, "generation_config", None)
         self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
+        self.chat_format = chat_format
+        if self.cache is None or self.cache.sinks != kept:
+            self._snapshot = self.cache = None  # the old storage goes before the new one is allocated
+            self.cache = SinkCache.for_model(self.model, kept, self.window)
+            self.decoder = Decoder(self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer))
+            self.mirror = CacheMirror(kept)
+
+    def _cache_whole(self) -> bool:
+        """Whether the cache holds what the mirror says: no forward pass was torn off half way."""
+        return self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache_stats().used
 
     def _forget_snapshot(self) -> None:
         """The last reply can no longer be regenerated: the cache may rebase again."""
         self._snapshot = None
         release_snapshots(self.cache)
-
-
-def _eviction_policy(value: str) -> str:
-    if value not in defaults.EVICTION_POLICIES:
-        raise ConfigError(f"eviction must be one of {', '.join(defaults.EVICTION_POLICIES)}, got {value!r}")
-    return value
 
 
 def _replay_feeds(chat_format: ChatFormat, messages: list[Message]) -> list[list[int]]:
@@ -377,39 +404,6 @@ def _replay_feeds(chat_format: ChatFormat, messages: list[Message]) -> list[list
     return feeds
 
 
-@contextmanager
-def _out_of_memory_reported(device: torch.device, doing: str) -> Iterator[None]:
-    try:
-        yield
-    except (MemoryError, RuntimeError) as error:
-        if not is_out_of_memory(error):
-            raise
-        raise OutOfMemoryError(
-            f"out of memory on {device} while {doing}; "
-            "try a smaller --window, --dtype bfloat16 or float16, or a smaller model"
-        ) from error
-
-
 def _drain(events: Iterator[Event]) -> None:
     for _ in events:
         pass
-
-
-@dataclass
-class _Snapshot:
-    """The cache right after the last prompt: /regen restores it and draws a new reply."""
-
-    cache_state: ReplySnapshot
-    mirror: CacheMirror
-    logits: torch.Tensor
-
-    @classmethod
-    def take(cls, session: ChatSession, logits: torch.Tensor) -> _Snapshot:
-        # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
-        reach = session.settings.max_new_tokens + len(session.chat_format.end_of_turn_ids)
-        return cls(ReplySnapshot.take(session.cache, reach), session.mirror.copy(), logits.clone())
-
-    def restore(self, session: ChatSession) -> torch.Tensor:
-        self.cache_state.restore(session.cache)
-        session.mirror = self.mirror.copy()
-        return self.logits

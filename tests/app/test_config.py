@@ -31,9 +31,9 @@ def error_of(cli: dict[str, object], env: dict[str, str], path: Path | None = No
 def test_defaults_come_from_defaults_py_and_sampling_stays_unset() -> None:
     config = resolve_run_config({}, {}, None)
     assert config == RunConfig()
-    assert (config.model, config.sinks, config.window, config.max_new_tokens) == (
+    assert (config.model, config.keep, config.window, config.max_new_tokens) == (
         defaults.DEFAULT_MODEL,
-        defaults.SINKS,
+        "system",
         defaults.WINDOW,
         None,
     )
@@ -89,7 +89,7 @@ turns = "blank-line"
 """,
     )
     env = {
-        "STREAMCHAT_SINKS": "8",
+        "STREAMCHAT_KEEP": "8",
         "STREAMCHAT_MIN_P": "0.05",
         "STREAMCHAT_SEED": "7",
         "STREAMCHAT_ALLOW_PICKLE": "yes",
@@ -108,7 +108,7 @@ turns = "blank-line"
     config = resolve_run_config(cli, env, path)
     assert config == RunConfig(
         model="my-model",
-        sinks=8,
+        keep=8,
         max_new_tokens=256,
         temperature=1.0,
         top_p=0.5,
@@ -133,7 +133,7 @@ turns = "blank-line"
 # One valid spelling of every option, as a string, and the value it stands for.
 EVERY_OPTION = {
     "model": ("tiny", "tiny"),
-    "sinks": ("3", 3),
+    "keep": ("3", 3),
     "window": ("5", 5),
     "max_new_tokens": ("6", 6),
     "temperature": ("0.1", 0.1),
@@ -157,12 +157,15 @@ EVERY_OPTION = {
     "transcript_format": ("mtbench", "mtbench"),
     "turns": ("blank-line", "blank-line"),
     "output_format": ("markdown", "markdown"),
+    "continue": ("yes", True),
+    "resume": ("20250101-120000-3fa2c1", "20250101-120000-3fa2c1"),
 }
 
 
 @pytest.mark.parametrize("source", ["command line", "environment", "config file"])
 def test_every_option_can_be_given_in_every_source(tmp_path: Path, source: str) -> None:
-    assert set(EVERY_OPTION) == {option.name for option in fields(RunConfig)}
+    # `continue` is a Python keyword: its field is `continue_`.
+    assert set(EVERY_OPTION) == {option.name.rstrip("_") for option in fields(RunConfig)}
     texts = {name: text for name, (text, _) in EVERY_OPTION.items()}
     if source == "command line":
         config = resolve_run_config(texts, {}, None)
@@ -171,7 +174,8 @@ def test_every_option_can_be_given_in_every_source(tmp_path: Path, source: str) 
     else:
         lines = "".join(f"{name.replace('_', '-')} = {text!r}\n" for name, text in texts.items())
         config = resolve_run_config({}, {}, config_file(tmp_path, lines))
-    assert config == RunConfig(**{name: value for name, (_, value) in EVERY_OPTION.items()})
+    values = {name: value for name, (_, value) in EVERY_OPTION.items()}
+    assert config == RunConfig(**{"continue_" if name == "continue" else name: value for name, value in values.items()})
 
 
 def test_stop_strings_are_a_list_on_the_command_line_and_in_toml_and_shell_words_in_the_environment(
@@ -205,7 +209,14 @@ def test_none_on_the_command_line_means_not_given() -> None:
     ("env", "message"),
     [
         ({"STREAMCHAT_WINDOW": "abc"}, "STREAMCHAT_WINDOW='abc': not an integer"),
-        ({"STREAMCHAT_SINKS": "-1"}, "STREAMCHAT_SINKS='-1': must be >= 0"),
+        (
+            {"STREAMCHAT_KEEP": "-1"},
+            "STREAMCHAT_KEEP='-1': must be 'system' (the system turn) or a whole number of first tokens >= 0",
+        ),
+        (
+            {"STREAMCHAT_CONTINUE": "maybe"},
+            "STREAMCHAT_CONTINUE='maybe': not a boolean (use 1/true/yes/on or 0/false/no/off)",
+        ),
         ({"STREAMCHAT_TEMPERATURE": "hot"}, "STREAMCHAT_TEMPERATURE='hot': not a number"),
         ({"STREAMCHAT_TEMPERATURE": "nan"}, "STREAMCHAT_TEMPERATURE='nan': not a finite number"),
         ({"STREAMCHAT_TOP_P": "0"}, "STREAMCHAT_TOP_P='0': must be > 0 and <= 1"),
@@ -233,7 +244,8 @@ def test_bad_environment_values_name_the_variable(env: dict[str, str], message: 
 @pytest.mark.parametrize(
     ("cli", "message"),
     [
-        ({"sinks": -1}, "--sinks -1: must be >= 0"),
+        ({"keep": "all"}, "--keep all: must be 'system' (the system turn) or a whole number of first tokens >= 0"),
+        ({"continue_": "perhaps"}, "--continue perhaps: not a boolean (use 1/true/yes/on or 0/false/no/off)"),
         ({"max_new_tokens": 0}, "--max-new-tokens 0: must be >= 1"),
         ({"dtype": "fp16"}, "--dtype fp16: must be one of auto, float32, bfloat16, float16"),
         ({"output-format": "html"}, "--output-format html: must be one of text, jsonl, markdown"),
@@ -272,12 +284,13 @@ def test_an_unknown_command_line_key_is_a_bug_in_the_caller() -> None:
         ("windw = 100\n", "unknown key 'windw' (did you mean 'window'?)"),
         ("max-new-token = 100\n", "unknown key 'max-new-token' (did you mean 'max-new-tokens'?)"),
         ("window = 'big'\n", "window = 'big': not an integer"),
-        ("sinks = true\n", "sinks = True: not an integer"),
+        ("keep = true\n", "keep = True: must be 'system' (the system turn) or a whole number of first tokens >= 0"),
+        ("sinks = 4\n", "unknown key 'sinks' (it is called 'keep' now)"),
         ("markdown = 'maybe'\n", "markdown = 'maybe': not a boolean (use 1/true/yes/on or 0/false/no/off)"),
         ("model = 7\n", "model = 7: not a string"),
         ("temperature = -0.5\n", "temperature = -0.5: must be >= 0"),
         (
-            "sinks = 4\nwindow 2000\n",
+            "keep = 4\nwindow 2000\n",
             "invalid TOML: Expected '=' after a key in a key/value pair (at line 2, column 8)",
         ),
     ],
@@ -290,8 +303,8 @@ def test_config_file_errors_name_the_file_and_the_key(tmp_path: Path, text: str,
 def test_an_unknown_key_without_a_close_match_lists_the_keys(tmp_path: Path) -> None:
     path = config_file(tmp_path, "colour = 'blue'\n")
     message = error_of({}, {}, path)
-    assert message.startswith(f"{path}: unknown key 'colour'; the keys are model, sinks, window, max_new_tokens,")
-    assert message.endswith("transcript, transcript_format, turns, output_format")
+    assert message.startswith(f"{path}: unknown key 'colour'; the keys are model, keep, window, max_new_tokens,")
+    assert message.endswith("transcript, transcript_format, turns, output_format, continue, resume")
 
 
 def test_a_config_file_that_is_not_utf8_is_an_error(tmp_path: Path) -> None:
@@ -301,11 +314,11 @@ def test_a_config_file_that_is_not_utf8_is_an_error(tmp_path: Path) -> None:
 
 
 def test_streamchat_config_names_the_file_and_must_exist(tmp_path: Path) -> None:
-    path = config_file(tmp_path, "sinks = 2\n")
+    path = config_file(tmp_path, "keep = 2\n")
     env = {"STREAMCHAT_CONFIG": str(path)}
     assert config_file_location(env) == path
     assert find_config_file(env) == path
-    assert resolve_run_config({}, env, find_config_file(env)).sinks == 2
+    assert resolve_run_config({}, env, find_config_file(env)).keep == 2
     missing = str(tmp_path / "nope.toml")
     with pytest.raises(ConfigError) as raised:
         find_config_file({"STREAMCHAT_CONFIG": missing})
@@ -328,5 +341,7 @@ def test_the_default_config_file_is_in_the_user_config_dir_and_may_be_missing(
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(ConfigError, match=r"^window=0: must be >= 1$"):
         RunConfig(window=0)
-    with pytest.raises(ConfigError, match=r"^sinks=None: not an integer$"):
-        RunConfig(sinks=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^keep=None: must be 'system'"):
+        RunConfig(keep=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^continue='perhaps': not a boolean"):
+        RunConfig(continue_="perhaps")  # type: ignore[arg-type]

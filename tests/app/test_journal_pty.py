@@ -15,6 +15,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from streamchat.engine.cache_file import state_path
 from streamchat.engine.session_file import read_session
 from tests.support.processes import in_foreground
 
@@ -123,3 +124,4 @@ def test_hangup_and_terminate_stop_the_reply_save_it_and_exit_with_128_plus_the_
     assert saved.messages[0]["content"] == "Hello there." and saved.messages[1]["content"]
     last = path.read_text().splitlines()[-1]
     assert ('"stop_reason": "interrupted"' in last) == (moment == "during a reply")
+    assert state_path(path).is_file()  # the cache state too: the next run goes on exactly

@@ -148,7 +148,7 @@ def test_an_abandoned_reply_is_closed_too():
 
 
 def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
-    session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), sinks=4, window=30)
+    session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), keep=4, window=30)
     sampled = []
     next_token = session.decoder.next
     session.decoder.next = lambda: sampled.append(next_token()) or sampled[-1]
@@ -196,7 +196,7 @@ def test_turn_stats_are_plausible():
 
 
 def test_replies_keep_streaming_past_a_full_window():
-    session = make_session(settings=GenerationSettings(max_new_tokens=120, temperature=0.0), sinks=4, window=40)
+    session = make_session(settings=GenerationSettings(max_new_tokens=120, temperature=0.0), keep=4, window=40)
     events = run(session.chat("Hello!"))
     evictions = [event for event in events if isinstance(event, Evicted)]
     assert events[-1].stats.generated_tokens == 120
@@ -208,7 +208,7 @@ def test_replies_keep_streaming_past_a_full_window():
 
 def test_the_per_turn_policy_reserves_room_before_the_reply():
     settings = GenerationSettings(max_new_tokens=10, temperature=0.0)
-    session = make_session(settings=settings, sinks=4, window=40, eviction="turn")
+    session = make_session(settings=settings, keep=4, window=40, eviction="turn")
     run(session.chat("Hello! How are you today?"))
     events = run(session.chat("Tell me more."))
     first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
@@ -217,7 +217,7 @@ def test_the_per_turn_policy_reserves_room_before_the_reply():
 
 
 def test_a_prompt_longer_than_the_window_is_fed_in_chunks_and_reported():
-    session = make_session(sinks=4, window=40, prefill_chunk=16)
+    session = make_session(keep=4, window=40, prefill_chunk=16)
     long_text = "The quick brown fox jumps over the lazy dog. " * 12
     events = run(session.chat(long_text))
     truncated = next(e for e in events if isinstance(e, PromptTruncated))
@@ -233,14 +233,14 @@ def test_a_prompt_longer_than_the_window_is_fed_in_chunks_and_reported():
 def test_a_prompt_that_just_fits_the_sinks_and_the_window_is_not_truncated():
     text = "Tell me about the sea and the sky."
     length = len(make_session().chat_format.prompt_ids(text, first_turn=True))
-    fits = run(make_session(sinks=4, window=length - 4).chat(text))
+    fits = run(make_session(keep=4, window=length - 4).chat(text))
     assert not any(isinstance(e, PromptTruncated) for e in fits)
-    one_over = run(make_session(sinks=4, window=length - 5).chat(text))
+    one_over = run(make_session(keep=4, window=length - 5).chat(text))
     assert [e.dropped_tokens for e in one_over if isinstance(e, PromptTruncated)] == [1]
 
 
 def test_two_hundred_turns_through_a_small_cache_stay_bounded():
-    session = make_session(settings=GenerationSettings(max_new_tokens=6, temperature=0.0), sinks=4, window=252)
+    session = make_session(settings=GenerationSettings(max_new_tokens=6, temperature=0.0), keep=4, window=252)
     storage = None
     for turn in range(200):
         events = run(session.chat(f"Turn {turn}: tell me something."))
@@ -288,7 +288,7 @@ def test_save_and_load_replay_the_transcript(tmp_path):
 
 
 def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
-    session = make_session(sinks=4, window=40)
+    session = make_session(keep=4, window=40)
     for turn in range(6):
         run(session.chat(f"Turn {turn}: tell me something."))
     whole = whole_render(byte_level_tokenizer(), session.transcript)
@@ -358,7 +358,7 @@ def test_options_change_by_name():
 
 
 def test_the_cache_view_names_what_was_forgotten():
-    session = make_session(settings=GenerationSettings(max_new_tokens=30, temperature=0.0), sinks=4, window=40)
+    session = make_session(settings=GenerationSettings(max_new_tokens=30, temperature=0.0), keep=4, window=40)
     for text in ("Hello!", "Tell me more.", "And more."):
         run(session.chat(text))
     view = session.cache_view()

@@ -26,7 +26,7 @@ QUESTIONS = [f"Question {number}: what comes after {number}?" for number in rang
 def conversation(model, backend: str | None) -> tuple[list[str], list[object]]:
     """20 turns through 4 + 48 slots, with a /regen every fifth turn: the replies, and the events."""
     settings = GenerationSettings(max_new_tokens=12, temperature=0.0)
-    options = SessionOptions(sinks=4, window=48, settings=settings, compile_backend=backend)
+    options = SessionOptions(keep=4, window=48, settings=settings, compile_backend=backend)
     session = ChatSession(model, byte_level_tokenizer(), options)
     replies, events = [], []
     for turn, question in enumerate(QUESTIONS):

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.default_model]
 def test_two_hundred_turns_through_four_sinks_and_a_252_token_window(default_model):
     settings = GenerationSettings(max_new_tokens=3, temperature=0.0)
     session = ChatSession(
-        default_model.model, default_model.tokenizer, SessionOptions(sinks=4, window=252, settings=settings)
+        default_model.model, default_model.tokenizer, SessionOptions(keep=4, window=252, settings=settings)
     )
     storage = None
     for turn in range(200):
@@ -27,7 +27,7 @@ def test_two_hundred_turns_through_four_sinks_and_a_252_token_window(default_mod
 def test_a_greedy_answer_survives_evictions_mid_reply(default_model):
     settings = GenerationSettings(max_new_tokens=60, temperature=0.0)
     session = ChatSession(
-        default_model.model, default_model.tokenizer, SessionOptions(sinks=4, window=40, settings=settings)
+        default_model.model, default_model.tokenizer, SessionOptions(keep=4, window=40, settings=settings)
     )
     events = list(session.chat("What is the capital of France?"))
     reply = "".join(event.text for event in events if isinstance(event, TextDelta))

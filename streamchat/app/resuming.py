@@ -1,0 +1,99 @@
+"""Going on with a saved conversation: which session file, its cache state, and its journal.
+
+- `--continue` names the session written most recently, `--resume FILE|ID` one file;
+  `/load FILE` does the same from within a chat.
+- The cache state beside a session file (streamchat.engine.cache_file) is restored when
+  it fits this run; otherwise the conversation is replayed, and the engine says why.
+- The state is written beside the journal when streamchat exits (however it exits, as
+  long as the cache holds a whole conversation) and on `/save`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamchat.engine.cache_file import StateKey, state_path
+from streamchat.engine.journal import SUFFIX, Journal, claim_journal, release_journal
+from streamchat.engine.session_file import JOURNAL_VERSION, SavedSession, read_session
+from streamchat.errors import ConfigError
+from streamchat.loading.identity import quantization_of, weights_fingerprint
+
+if TYPE_CHECKING:
+    from streamchat.app.config import RunConfig
+    from streamchat.engine.events import Event
+    from streamchat.engine.session import ChatSession
+    from streamchat.loading import LoadedModel
+
+
+def session_to_resume(config: RunConfig, sessions: Path) -> Path | None:
+    """The session file --continue or --resume names (in the `sessions` directory); None for neither,
+    or for --continue when no session was saved yet. ConfigError for a --resume that names none."""
+    if config.continue_ and config.resume is not None:
+        raise ConfigError("--continue and --resume both name a session to go on with: give one of them")
+    if config.resume is not None:
+        given = Path(config.resume).expanduser()
+        if given.is_file():
+            return given
+        by_id = sessions / f"{config.resume}{SUFFIX}"
+        if "/" not in config.resume and by_id.is_file():
+            return by_id
+        raise ConfigError(
+            f"--resume {config.resume}: no such session file, nor a session id in {sessions} "
+            "(`streamchat sessions` lists them)"
+        )
+    if config.continue_:
+        journals = [path for path in sessions.glob(f"*{SUFFIX}") if path.is_file()] if sessions.is_dir() else []
+        return max(journals, key=lambda path: path.stat().st_mtime, default=None)
+    return None
+
+
+def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
+    """What a cache state saved by this run is valid for."""
+    return StateKey(
+        model=loaded.source.location,
+        weights=weights_fingerprint(loaded.directory, loaded.model),
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=loaded.device.type,
+        quantization=quantization_of(loaded.model),
+        keep=str(config.keep),
+        window=config.window,
+    )
+
+
+def load_session(
+    session: ChatSession, journal: Journal, path: Path, key: StateKey | None
+) -> tuple[Iterator[Event], SavedSession]:
+    """Replace the conversation with the one saved at `path`, to go on with it in that same file.
+
+    Returns the events of restoring (or replaying) it, to be consumed by the caller, and the
+    session read. A journal another streamchat holds, or a file the session cannot use,
+    changes nothing.
+    """
+    saved = read_session(path)
+    current = journal.path
+    is_current = current is not None and current.resolve() == path.resolve()
+    # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
+    claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
+    try:
+        events = session.load(path, key)
+    except BaseException:
+        if claimed is not None:
+            release_journal(claimed)
+        raise
+    if claimed is not None:
+        journal.resume(path, saved, claimed)
+    elif saved.version != JOURNAL_VERSION:
+        journal.new_conversation()  # an old JSON file: the conversation goes on in a new journal
+    return events, saved
+
+
+def save_state(session: ChatSession, session_path: Path | None, key: StateKey | None) -> int | None:
+    """Write the cache state beside the session file at `session_path`; its size, None when nothing was written.
+
+    SessionFileError when it cannot be written.
+    """
+    if session_path is None or key is None:
+        return None
+    return session.save_state(state_path(session_path), key)
