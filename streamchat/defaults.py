@@ -62,7 +62,7 @@ OUTPUT_FORMAT = "text"
 
 # Benchmarks (`streamchat bench ppl|speed`); `--quick` sizes live in streamchat/bench.
 BENCH_OUT_DIR = "bench-results"
-BENCH_POLICIES = ("dense", "window", "recompute", "streaming")
+BENCH_POLICIES = ("dense", "window", "recompute", "streaming", "keep")
 # ppl: the paper's Figure 3 cache (4 + 1020), over more than twice the default model's 8192 context.
 PPL_TOKENS = 20_000
 PPL_SINKS = 4
@@ -73,6 +73,11 @@ PPL_CHUNK = 64
 # speed: tokens streamed before each measurement, and decode steps timed per policy at each.
 SPEED_CHECKPOINTS = (1000, 2000, 4000, 8000, 10_000, 16_000, 32_000, 64_000)
 SPEED_STEPS = 9
+# keep: user turns streamed through a small window before the last probe for the system prompt's fact.
+KEEP_BENCH_TURNS = 40
+KEEP_BENCH_WINDOW = 256
+# ppl: the kept prefix compared with PPL_SINKS at the same capacity (a system turn's worth of tokens).
+PPL_KEEP = 60
 # display: replies per side (the median of each side counts), and tokens per reply.
 DISPLAY_TRIALS = 5
 DISPLAY_MAX_NEW_TOKENS = 96

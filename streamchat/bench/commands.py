@@ -1,4 +1,4 @@
-"""`streamchat bench ppl|speed|display`: the Typer sub-app (mounted by streamchat.app.cli as `bench`).
+"""`streamchat bench ppl|speed|keep|display`: the Typer sub-app (mounted by streamchat.app.cli as `bench`).
 
 Each command prints a table and the target checks, and writes CSV files (and, for ppl
 and speed, a PNG plot) into --out. torch, transformers and matplotlib load only once a
@@ -76,22 +76,30 @@ def ppl(
         int | None, _size("Tokens per forward pass for window, recompute and streaming.", defaults.PPL_CHUNK)
     ] = None,
     policies: Annotated[str | None, _size(f"Comma-separated, from {','.join(defaults.BENCH_POLICIES)}.", "all")] = None,
+    keep: Annotated[
+        int | None,
+        _size("The keep policy's kept prefix (first tokens), in a cache of the same capacity.", defaults.PPL_KEEP),
+    ] = None,
     model: ModelOption = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
-    """Perplexity of a long text under dense, window, recompute and streaming caches (the paper's Figure 3).
+    """Perplexity of a long text under dense, window, recompute and streaming caches (the paper's Figure 3),
+    and what a longer kept prefix (--keep system) costs at the same capacity.
 
-    Defaults: the paper's cache of 4 sinks + 1020 window tokens over 20,000 tokens.
+    Defaults: the paper's cache of 4 sinks + 1020 window tokens over 20,000 tokens; keep 60 + 964.
     """
     from streamchat.bench import ppl as bench
     from streamchat.bench.memory import out_of_memory_errors
 
     with reported_errors():
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, tokens=tokens, sinks=sinks, window=window, chunk=chunk)
+        given = {"tokens": tokens, "sinks": sinks, "window": window, "chunk": chunk, "keep": keep}
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         chosen = bench.parse_policies(policies)
+        if "keep" in chosen:
+            bench.require_keep_fits(sizes)
         content = bench.read_text(text, start_at)
         loaded = _load(model, device, dtype)
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
@@ -172,6 +180,67 @@ def speed(
             out,
             {"speed.csv": ([column.key for column in columns], rows)},
             {"speed.png": bench.draw_speed(measurements, sizes, memory_kind)},
+            console=_stdout(),
+            notes=stderr,
+        )
+
+
+@bench_app.command()
+def keep(
+    transcript: Annotated[
+        Path,
+        typer.Option(
+            help="User turns to stream: MT-bench's questions, JSONL chat lines or plain lines (as `run` reads them).",
+            show_default=False,
+        ),
+    ],
+    turns: Annotated[int | None, _size("User turns streamed before the last probe.", defaults.KEEP_BENCH_TURNS)] = None,
+    window: Annotated[int | None, _size(WINDOW_HELP, defaults.KEEP_BENCH_WINDOW)] = None,
+    reply_tokens: Annotated[int | None, _size("Longest generated reply.", 96)] = None,
+    model: ModelOption = None,
+    device: DeviceOption = defaults.DEVICE,
+    dtype: DtypeOption = defaults.DTYPE,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """After a long chat, does the model still know its system prompt's secret? --keep system against --keep 4.
+
+    Defaults: 40 turns through a 256-token window; the answer's log-probability after turn 1 and turn 40.
+    """
+    from streamchat.app.transcript import UserTurn, read_transcript_file
+    from streamchat.bench import keep as bench
+    from streamchat.bench.memory import out_of_memory_errors
+
+    with reported_errors():
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)
+        items = read_transcript_file(str(transcript), transcript_format="auto", turns="line")
+        texts = bench.user_turns((item.text for item in items if isinstance(item, UserTurn)), sizes.turns)
+        loaded = _load(model, device, dtype)
+        with out_of_memory_errors("--window"):
+            conversation = bench.generate_conversation(
+                loaded.model,
+                loaded.tokenizer,
+                texts,
+                sizes,
+                on_turn=lambda number: stderr.print(f"generated reply {number}/{sizes.turns}", highlight=False),
+            )
+            runs = []
+            for policy in bench.POLICIES:
+                runs.append(bench.read_with(loaded.model, loaded.tokenizer, conversation, policy, sizes.window))
+                stderr.print(f"--keep {policy}: read in {runs[-1].seconds:.1f} s", highlight=False)
+        title = (
+            f"Secret word: {escape(loaded.source.name)}, {sizes.turns} turns of {escape(transcript.name)} "
+            f"through a {sizes.window}-token window, mean log-probability per answer token"
+        )
+        columns, rows = bench.columns(sizes), bench.rows(runs)
+        print_report(_stdout(), title, columns, rows, bench.checks(runs))
+        save_results(
+            out,
+            {
+                "keep.csv": ([column.key for column in columns], rows),
+                "keep-curve.csv": (bench.curve_columns(), bench.curve_rows(runs)),
+            },
+            {"keep.png": bench.draw_curves(runs)},
             console=_stdout(),
             notes=stderr,
         )

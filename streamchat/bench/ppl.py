@@ -3,7 +3,9 @@
 - dense: a full cache, positions growing with the text (the model's native behaviour);
 - window: the same cache size without sinks (SinkCache with sinks=0);
 - recompute: a sliding window recomputed from scratch for each chunk, the oracle;
-- streaming: sinks + window through the sink cache.
+- streaming: sinks + window through the sink cache;
+- keep: what --keep system costs, a longer kept prefix (the first `keep` tokens, a system
+  turn's worth) through a cache of the same capacity as streaming's.
 
 window, recompute and streaming read the text in the same chunks, so each of them
 predicts a token from the same number of tokens (see perplexity.py); dense is exact at
@@ -38,6 +40,8 @@ DENSE_CHUNK = 1024
 STREAMING_VS_RECOMPUTE_MAX = 1.05
 FLATNESS_MAX = 1.10
 WINDOW_VS_STREAMING_MIN = 1.5
+# Keeping a system turn's worth of first tokens may cost at most this much perplexity at the same capacity.
+KEEP_VS_STREAMING_MAX = 1.05
 
 
 @dataclass(frozen=True)
@@ -54,18 +58,26 @@ class PplSizes:
     tail: int
     # Tokens per point of the perplexity curve.
     bucket: int
+    # The keep policy's kept prefix; its window is what is left of the capacity.
+    keep: int = defaults.PPL_KEEP
 
     def __post_init__(self) -> None:
         require_at_least("--tokens", self.tokens, 2)
         require_at_least("--sinks", self.sinks, 0)
         require_at_least("--window", self.window, 1)
         require_at_least("--chunk", self.chunk, 1)
+        require_at_least("--keep", self.keep, 0)
         if self.chunk > self.window:
             raise ConfigError(f"--chunk {self.chunk}: a chunk must fit the window; use at most --window {self.window}")
 
     @property
     def capacity(self) -> int:
         return self.sinks + self.window
+
+    @property
+    def keep_window(self) -> int:
+        """The keep policy's window: the same capacity as streaming's."""
+        return self.capacity - self.keep
 
 
 FULL = PplSizes(
@@ -77,7 +89,16 @@ FULL = PplSizes(
     tail=2000,
     bucket=256,
 )
-QUICK = PplSizes(tokens=384, sinks=4, window=60, chunk=16, reference_span=(128, 256), tail=128, bucket=32)
+QUICK = PplSizes(tokens=384, sinks=4, window=60, chunk=16, reference_span=(128, 256), tail=128, bucket=32, keep=16)
+
+
+def require_keep_fits(sizes: PplSizes) -> None:
+    """The keep policy's window must hold a chunk (checked only when that policy runs)."""
+    if sizes.chunk > sizes.keep_window:
+        raise ConfigError(
+            f"--keep {sizes.keep}: the {sizes.keep_window} tokens it leaves of the cache must hold a --chunk "
+            f"of {sizes.chunk}; keep at most {sizes.capacity - sizes.chunk}, or leave keep out of --policies"
+        )
 
 
 def parse_policies(text: str | None) -> tuple[str, ...]:
@@ -138,6 +159,8 @@ def run_policy(model: Any, ids: torch.Tensor, policy: str, sizes: PplSizes, on_s
         nll = streaming_nll(model, ids, 0, sizes.capacity, sizes.chunk, on_scored)
     elif policy == "recompute":
         nll = recompute_nll(model, ids, sizes.capacity, sizes.chunk, on_scored)
+    elif policy == "keep":
+        nll = streaming_nll(model, ids, sizes.keep, sizes.keep_window, sizes.chunk, on_scored)
     else:
         nll = streaming_nll(model, ids, sizes.sinks, sizes.window, sizes.chunk, on_scored)
     return PolicyRun(policy, nll, time.perf_counter() - started)
@@ -229,7 +252,7 @@ def checks(rows: list[Row]) -> list[Check]:
     """The claims that the policies present can test."""
     by_policy = {row["policy"]: row for row in rows}
     streaming, recompute = by_policy.get("streaming"), by_policy.get("recompute")
-    window, dense = by_policy.get("window"), by_policy.get("dense")
+    window, dense, keep = by_policy.get("window"), by_policy.get("dense"), by_policy.get("keep")
     found = []
     if streaming and recompute:
         ratio = streaming["ppl"] / recompute["ppl"]
@@ -243,6 +266,9 @@ def checks(rows: list[Row]) -> list[Check]:
             found.append(Check("streaming flatness over recompute's (last / ref)", drift, FLATNESS_MAX, True))
     if window and streaming:
         found.append(Check("window / streaming PPL", window["ppl"] / streaming["ppl"], WINDOW_VS_STREAMING_MIN, False))
+    if keep and streaming:
+        name = f"keep {keep['cache'].split('+')[0]} / streaming PPL, same capacity"
+        found.append(Check(name, keep["ppl"] / streaming["ppl"], KEEP_VS_STREAMING_MAX, True))
     if dense and dense["tail_vs_reference"] is not None:
         # Degrading means leaving the band streaming must stay in.
         found.append(Check("dense degradation (last / ref PPL)", dense["tail_vs_reference"], FLATNESS_MAX, False))
@@ -284,6 +310,7 @@ def _cache_label(policy: str, sizes: PplSizes) -> str:
         "window": f"0+{sizes.capacity}",
         "recompute": f"{sizes.capacity}, recomputed",
         "streaming": f"{sizes.sinks}+{sizes.window}",
+        "keep": f"{sizes.keep}+{sizes.keep_window}",
     }[policy]
 
 

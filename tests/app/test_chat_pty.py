@@ -117,7 +117,7 @@ def test_regen_system_save_load_and_reset(chat, tmp_path):
     send(chat, "/stats")
     chat.expect(r"messages(?:\x1b\[[0-9;]*m|\s)+0")
     send(chat, f"/load {saved}")
-    chat.expect(r"replayed 2 messages")
+    chat.expect(r"resumed 2 messages exactly")  # /save FILE wrote the cache state beside it
     send(chat, "/load /no/such/file.json")
     chat.expect_exact("no saved session at /no/such/file.json")
     send(chat, "/quit")

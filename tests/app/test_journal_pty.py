@@ -67,6 +67,7 @@ def test_kill_9_between_turns_and_during_a_reply_loses_only_the_reply_in_flight(
     child = spawn(tiny_chat_model, tmp_path, "--max-new-tokens", "100000")
     send(child, f"/load {path}")
     child.expect_exact("replayed 4 messages")
+    send(child, "/set max_new_tokens 100000")  # the session file brought its own 5
     send(child, "Talk for a long time.")
     child.expect(r"\d+ streamed")
     time.sleep(0.5)
@@ -81,6 +82,7 @@ def test_kill_9_between_turns_and_during_a_reply_loses_only_the_reply_in_flight(
     child.expect_exact("replayed 4 messages")
     child.expect_exact("never got its reply")
     child.expect_exact("Talk for a long time.")
+    send(child, "/set max_new_tokens 5")
     send(child, "And now?")
     child.expect_exact("5 tokens ·")
     send(child, "/quit")

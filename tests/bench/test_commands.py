@@ -59,7 +59,9 @@ def test_ppl_quick_writes_the_table_the_csv_files_and_the_plot(tiny_model_dir, t
     assert "streaming / recompute PPL:" in result.output
     header, rows = read_csv(out / "ppl.csv")
     assert header == PPL_HEADER
-    assert [row["policy"] for row in rows] == ["dense", "window", "recompute", "streaming"]
+    assert [row["policy"] for row in rows] == ["dense", "window", "recompute", "streaming", "keep"]
+    assert rows[4]["cache"] == "16+48"  # a longer kept prefix, the same capacity as streaming's
+    assert "keep 16 / streaming PPL, same capacity:" in result.output
     for row in rows:
         assert int(row["tokens"]) == 384
         for key in ("ppl", "ppl_reference", "ppl_tail"):
@@ -67,7 +69,7 @@ def test_ppl_quick_writes_the_table_the_csv_files_and_the_plot(tiny_model_dir, t
         assert float(row["seconds"]) > 0
     assert float(rows[2]["vs_recompute"]) == 1
     header, curve = read_csv(out / "ppl-curve.csv")
-    assert header[:3] == ["token", "dense_ppl", "dense_running_ppl"] and len(header) == 9
+    assert header[:3] == ["token", "dense_ppl", "dense_running_ppl"] and len(header) == 11
     assert [int(row["token"]) for row in curve] == [*range(32, 384, 32), 383]
     assert (out / "ppl.png").read_bytes().startswith(b"\x89PNG")
 

@@ -31,6 +31,7 @@ def test_quick_and_full_sizes_take_the_options_given():
         ({"window": 0, "chunk": 1}, "--window 0: must be at least 1"),
         ({"chunk": 0}, "--chunk 0: must be at least 1"),
         ({"chunk": 2000}, "--chunk 2000: a chunk must fit the window"),
+        ({"keep": -1}, "--keep -1: must be at least 0"),
     ],
 )
 def test_impossible_sizes_are_refused_naming_the_option(overrides, message):
@@ -38,11 +39,19 @@ def test_impossible_sizes_are_refused_naming_the_option(overrides, message):
         sizes_for(False, ppl.FULL, ppl.QUICK, **overrides)
 
 
+def test_a_kept_prefix_must_leave_room_for_a_chunk_when_the_keep_policy_runs():
+    ppl.require_keep_fits(ppl.FULL)
+    too_long = sizes_for(False, ppl.FULL, ppl.QUICK, keep=1000)
+    message = r"^--keep 1000: the 24 tokens it leaves of the cache must hold a --chunk of 64; keep at most 960, or"
+    with pytest.raises(ConfigError, match=message):
+        ppl.require_keep_fits(too_long)
+
+
 def test_policies_come_in_the_table_order_whatever_the_order_given():
     assert ppl.parse_policies(None) == defaults.BENCH_POLICIES
     assert ppl.parse_policies(" streaming,dense ") == ("dense", "streaming")
     for bad in ("stream", "", ","):
-        with pytest.raises(ConfigError, match="choose from dense, window, recompute, streaming"):
+        with pytest.raises(ConfigError, match="choose from dense, window, recompute, streaming, keep"):
             ppl.parse_policies(bad)
 
 
@@ -97,6 +106,7 @@ def test_checks_judge_only_what_the_chosen_policies_can_show():
         {"policy": "window", "ppl": 40.0, "tail_vs_reference": None},
         {"policy": "recompute", "ppl": 19.0, "tail_vs_reference": 1.2},
         {"policy": "streaming", "ppl": 20.0, "tail_vs_reference": 1.44},
+        {"policy": "keep", "cache": "60+964", "ppl": 20.5, "tail_vs_reference": 1.4},
     ]
     found = {check.name: (round(check.value, 3), check.met) for check in ppl.checks(rows)}
     assert found == {
@@ -104,6 +114,7 @@ def test_checks_judge_only_what_the_chosen_policies_can_show():
         "streaming flatness (last / ref PPL)": (1.44, False),
         "streaming flatness over recompute's (last / ref)": (1.2, False),
         "window / streaming PPL": (2.0, True),
+        "keep 60 / streaming PPL, same capacity": (1.025, True),
         "dense degradation (last / ref PPL)": (3.0, True),
     }
     assert ppl.checks([rows[3]]) == [ppl.checks(rows)[1]]
