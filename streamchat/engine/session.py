@@ -70,7 +70,8 @@ class ChatSession:
         self.cache: SinkCache | None = None
         self.transcript: list[Message] = []
         self._stop_requested = False
-        self._replying = False  # a reply is open: its message is in the transcript, not yet closed in the cache
+        # The cache holds exactly the transcript: no turn, replay or resume is half done.
+        self._settled = True
         self._snapshot: RegenPoint | None = None
         self._conversation = 0  # counts resets: a reply abandoned before one must not close after it
         self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
@@ -99,7 +100,7 @@ class ChatSession:
         streamchat.engine.prompt_reading) unless read_all; a stop() while it is read ends the
         reading between two forward passes, and the reply before it starts.
         """
-        self._stop_requested = False
+        self._stop_requested = self._settled = False
         self._forget_snapshot()
         self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
@@ -128,7 +129,7 @@ class ChatSession:
         if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
             raise ConfigError("there is no reply to regenerate yet")
         self.transcript.pop()
-        self._stop_requested = False
+        self._stop_requested = self._settled = False
         started = time.perf_counter()
         logits = self._snapshot.restore(self)
         self._snapshot = RegenPoint.take(self, logits)  # the settings, and so the reply's reach, may have changed
@@ -162,13 +163,13 @@ class ChatSession:
         self.mirror = CacheMirror(self.cache.sinks)
         self.transcript = []
         self._snapshot = None
-        self._replying = False
+        self._settled = True
 
     def set_system_prompt(self, text: str | None) -> Iterator[Event]:
         """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
         chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
-        feeds = _replay_feeds(chat_format, self.transcript)
+        feeds = chat_format.conversation_ids(self.transcript)
         self._use_format(chat_format)
         return self._replay(list(self.transcript), feeds)
 
@@ -187,7 +188,7 @@ class ChatSession:
 
     def replay(self, messages: list[Message]) -> Iterator[Event]:
         """Start over and feed a conversation through the cache, as if it had been typed and answered."""
-        return self._replay(messages, _replay_feeds(self.chat_format, messages))
+        return self._replay(messages, self.chat_format.conversation_ids(messages))
 
     def save(self, path: Path, model_name: str | None = None) -> None:
         """Write the conversation, less a last message still waiting for its reply."""
@@ -209,7 +210,7 @@ class ChatSession:
             settings = settings.with_value(name, value)
         eviction = eviction_policy(saved.eviction)
         chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
-        feeds = _replay_feeds(chat_format, saved.messages)
+        feeds = chat_format.conversation_ids(saved.messages)
         state = read_state(state_path(path), key, saved) if key is not None else None
         self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
@@ -220,7 +221,7 @@ class ChatSession:
 
         None, and nothing written, when no whole conversation is in the cache (a turn torn off half way).
         """
-        if len(self.transcript) % 2 or self._replying or not self._cache_whole():
+        if len(self.transcript) % 2 or not self._settled or not self._cache_whole():
             return None
         return write_session_state(self, path, key)
 
@@ -230,12 +231,14 @@ class ChatSession:
         """Restore a saved state; or say why not (`state` is the reason), and replay the conversation."""
         if isinstance(state, SavedState):
             self.reset()
+            self._settled = False
             try:
                 restore_session_tensors(self, state.tensors, state.seed)
             except CacheStateError as error:
                 state = str(error)
             else:
                 self.transcript = [{"role": m["role"], "content": m["content"]} for m in messages]
+                self._settled = True
                 yield CacheOccupancy(self.cache_stats(), 0.0)
                 yield Resumed(messages=len(messages), tokens=self.cache_stats().used)
                 return
@@ -246,6 +249,7 @@ class ChatSession:
     def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
         """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
         self.reset()
+        self._settled = False
         total = sum(len(ids) for ids in feeds)
         skip_from, skip_to = self.cache.sinks, total - REPLAYED_WINDOWS * self.cache.window
         start = 0
@@ -258,6 +262,7 @@ class ChatSession:
             if tail:
                 yield from self._feed(tail, message=index)
             start += len(ids)
+        self._settled = True
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield Replayed(messages=len(messages), tokens=self.cache_stats().seen)
 
@@ -289,7 +294,7 @@ class ChatSession:
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
         reply = Reply(self.tokenizer, self.settings, started, prefilled)
-        conversation, self._replying = self._conversation, True
+        conversation = self._conversation
         try:
             yield from self._decode(logits, reply, message)
         except GeneratorExit:
@@ -298,10 +303,10 @@ class ChatSession:
             if conversation == self._conversation:
                 reply.reason = "interrupted"
                 _drain(self._close(reply, message))
-                self._replying = False
+                self._settled = True
             raise
         yield from self._close(reply, message)
-        self._replying = False
+        self._settled = True
         stats = reply.stats(prompt_tokens)
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
@@ -377,6 +382,7 @@ class ChatSession:
         generation_config = getattr(self.model, "generation_config", None)
         self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
         self.chat_format = chat_format
+        self._settled = not self.transcript  # a conversation in the cache was read in another format
         if self.cache is None or self.cache.sinks != kept:
             self._snapshot = self.cache = None  # the old storage goes before the new one is allocated
             self.cache = SinkCache.for_model(self.model, kept, self.window)
@@ -391,17 +397,6 @@ class ChatSession:
         """The last reply can no longer be regenerated: the cache may rebase again."""
         self._snapshot = None
         release_snapshots(self.cache)
-
-
-def _replay_feeds(chat_format: ChatFormat, messages: list[Message]) -> list[list[int]]:
-    """The tokens each message puts in the cache, computed before anything is reset."""
-    feeds = []
-    for index, message in enumerate(messages):
-        if message["role"] == "user":
-            feeds.append(chat_format.prompt_ids(message["content"], first_turn=index == 0))
-        else:
-            feeds.append(chat_format.reply_ids(message["content"]))
-    return feeds
 
 
 def _drain(events: Iterator[Event]) -> None:

@@ -146,6 +146,15 @@ class ChatFormat:
             return self._turn_ids(self._first_history, [], user_text)
         return self._turn_ids(self._later_history, self._later_history_ids, user_text)
 
+    def conversation_ids(self, messages: list[Message]) -> list[list[int]]:
+        """The tokens each message of a conversation (user first, alternating) puts in the cache."""
+        return [
+            self.prompt_ids(message["content"], first_turn=index == 0)
+            if message["role"] == "user"
+            else self.reply_ids(message["content"])
+            for index, message in enumerate(messages)
+        ]
+
     def _turn_ids(self, history: list[Message], history_ids: list[int], user_text: str) -> list[int]:
         text = self._render([*history, _user(user_text), _assistant(_PROBE_REPLY)])
         before_reply = text[: text.rfind(_PROBE_REPLY)]

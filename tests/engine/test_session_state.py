@@ -94,14 +94,19 @@ def test_a_state_that_does_not_fit_says_why_and_replays(tmp_path):
     assert isinstance(events[-1], Replayed) and other.cache.sinks == 4
 
 
-def test_the_state_is_not_written_while_a_turn_is_open(tmp_path):
+def test_the_state_is_not_written_while_a_turn_or_a_replay_is_half_done(tmp_path):
+    path = tmp_path / "state.cache.safetensors"
     session = make_session()
     turn = session.chat("Hello there!")
     next(turn)
-    assert session.save_state(tmp_path / "state.cache.safetensors", KEY) is None
-    assert not (tmp_path / "state.cache.safetensors").exists()
+    assert session.save_state(path, KEY) is None and not path.exists()
     list(turn)
-    assert session.save_state(tmp_path / "state.cache.safetensors", KEY) > 0
+    replay = session.set_system_prompt("Be brief.")  # the cache still holds the old system prompt
+    assert session.save_state(path, KEY) is None
+    next(replay)
+    assert session.save_state(path, KEY) is None
+    list(replay)
+    assert session.save_state(path, KEY) > 0
 
 
 def test_a_session_never_sampled_from_resumes_with_its_seed():
