@@ -252,7 +252,7 @@ def run(
         _run_option(
             "Compile the decode step into one graph (CUDA graphs on a GPU). auto: on for CUDA, off on CPU, where it "
             "does not pay. The first start compiles for a minute or so; later starts reuse the compiled code. "
-            f"\[default: {defaults.COMPILE}]",
+            f"\\[default: {defaults.COMPILE}]",
             "Model",
             metavar=f"[{'|'.join(defaults.COMPILE_SETTINGS)}]",
         ),
