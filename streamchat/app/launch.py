@@ -111,6 +111,7 @@ def load_options(config: RunConfig) -> LoadOptions:
         model=config.model,
         device=config.device,
         dtype=config.dtype,
+        quantize=config.quantize,
         device_map=config.device_map,
         trust_remote_code=config.trust_remote_code,
         allow_pickle=config.allow_pickle,
@@ -136,6 +137,8 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
 
 def _banner(config: RunConfig, loaded: LoadedModel) -> str:
     dtype = str(loaded.dtype).removeprefix("torch.")
+    if loaded.quantization != "none":
+        dtype += f" {loaded.quantization}"
     return (
         f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
         f"cache {config.sinks} sinks + {config.window:,} window · /help for commands, Ctrl-D to leave"

@@ -43,6 +43,13 @@ ModelOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DEVICES)}]", help="Where the model runs.")]
 DtypeOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DTYPES)}]", help="Weight precision.")]
+QuantizeOption = Annotated[
+    str,
+    typer.Option(
+        metavar=f"[{'|'.join(defaults.QUANTIZATIONS)}]",
+        help="Weight-only quantization of the linear layers, as for `streamchat run`.",
+    ),
+]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.")]
 QuickOption = Annotated[
     bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
@@ -79,6 +86,7 @@ def ppl(
     model: ModelOption = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -93,13 +101,14 @@ def ppl(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, tokens=tokens, sinks=sinks, window=window, chunk=chunk)
         chosen = bench.parse_policies(policies)
         content = bench.read_text(text, start_at)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
         with out_of_memory_errors("--tokens or --window"):
             runs = bench.run_policies(loaded.model, ids, chosen, sizes, stderr)
         columns, rows = bench.summary_columns(sizes), bench.summary_rows(runs, sizes)
         title = (
-            f"Perplexity: {escape(loaded.source.name)} on {escape(text.name)}, {sizes.tokens:,} tokens, "
+            f"Perplexity: {escape(loaded.source.name)} ({_precision(loaded)}) on {escape(text.name)}, "
+            f"{sizes.tokens:,} tokens, "
             f"cache {sizes.sinks}+{sizes.window}, chunk {sizes.chunk} (dense {bench.DENSE_CHUNK})"
         )
         print_report(_stdout(), title, columns, rows, bench.checks(rows))
@@ -142,6 +151,7 @@ def speed(
     ] = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -157,11 +167,13 @@ def speed(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
         with out_of_memory_errors("--window"):
-            chosen = _bench_model(model, random_init, device, dtype)
+            chosen = _bench_model(model, random_init, device, dtype, quantize)
             measurements, memory_kind = bench.run_speed(
                 chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
             )
         dtype_name = str(chosen.dtype).removeprefix("torch.")
+        if chosen.quantization != "none":
+            dtype_name += f" {chosen.quantization}"
         title = (
             f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({dtype_name}), "
             f"cache {sizes.sinks}+{sizes.window}, median of {sizes.steps} steps"
@@ -185,6 +197,7 @@ def display(
     window: Annotated[int, typer.Option(help=WINDOW_HELP)] = defaults.WINDOW,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
@@ -193,7 +206,7 @@ def display(
 
     with reported_errors():
         sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=window)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         with out_of_memory_errors("--window or --max-new-tokens"):
             result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         columns, rows = bench.columns(), bench.rows(result)
@@ -212,18 +225,25 @@ def _stdout() -> Console:
     return Console(highlight=False, emoji=False)
 
 
-def _load(model: str | None, device: str, dtype: str) -> LoadedModel:
+def _load(model: str | None, device: str, dtype: str, quantize: str) -> LoadedModel:
     from streamchat.loading import LoadOptions, load_model
 
-    return load_model(LoadOptions(model=model, device=device, dtype=dtype), notify=stderr.print)
+    options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
+    return load_model(options, notify=stderr.print)
 
 
-def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str) -> BenchModel:
+def _precision(loaded: LoadedModel) -> str:
+    """ "bfloat16 int4", "float32": the dtype, and the weight quantization if any."""
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
+
+
+def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str, quantize: str) -> BenchModel:
     from streamchat.bench.models import BenchModel, random_model
 
     if random_init is None:
-        loaded = _load(model, device, dtype)
-        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype)
+        loaded = _load(model, device, dtype, quantize)
+        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization)
     if model is not None:
         raise ConfigError("--model and --random-init exclude each other: give one")
-    return random_model(random_init, device, dtype)
+    return random_model(random_init, device, dtype, quantize)
