@@ -42,7 +42,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # What auto means. CPU: the fastest setting whose perplexity stays within 2 % of float32 on the
 # default model. CUDA: none, decode there is bound by kernel launches, not by weight bytes,
 # until it is compiled (README, Device and precision).
-AUTO_QUANTIZE_CPU = "int4"
+AUTO_QUANTIZE_CPU = "int8"
 AUTO_QUANTIZE_CUDA = "none"
 
 # Where things live; each directory can be overridden by its environment variable.

@@ -72,7 +72,7 @@ DtypeOption = Annotated[
 ]
 QUANTIZE_HELP = (
     "Store the linear layers' weights in fewer bits (weight-only; activations keep --dtype). "
-    "auto: int4 on CPU (the fastest setting within 2 % of float32's perplexity), none on GPUs. \\[default: auto]"
+    "auto: int8 on CPU (the fastest setting within 2 % of float32's perplexity), none on GPUs. \\[default: auto]"
 )
 QuantizeOption = Annotated[
     str | None,

@@ -2,15 +2,17 @@
 
 plan_quantization settles, from the request, the device, the dtype and what the machine
 offers alone, which scheme each kind of layer gets; quantize_model carries a plan out on
-a loaded model, in place, in well under a second for the default model (so the result is
-not cached). Activations stay in the model's dtype; only weights are stored in fewer bits.
+a loaded model, in place, in under a second for the default model (so the result is not
+cached). Activations stay in the model's dtype; only weights are stored in fewer bits.
 
 Why these schemes (measured on the CI CPU in eager mode, default model; README, Benchmarks):
 
 - int4 is torchao's. On CPU its Int4OpaqueTensor runs aten's _weight_int4pack_mm_for_cpu;
   groups of 32 are the groups of the GGUF Q4_1 blocks the default model ships in, so its
-  layers requantize without a measurable perplexity change. On CUDA, torchao's tinygemm
-  layout (_weight_int4pack_mm): bfloat16 only, compute capability 8.0 or newer.
+  perplexity does not move, but in bfloat16 (scales and zero points rounded to bf16) some
+  greedy answers change, and it decodes no faster than int8 here: so auto picks int8 on
+  CPU. On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
+  capability 8.0 or newer.
 - int8 on CPU is Int8Linear (aten's _weight_int8pack_mm): torchao's int8 tensor converts
   the whole weight to the activations' dtype on every eager call (slower than bf16), and
   optimum-quanto reaches the same kernel through enough Python to lose most of its gain.
