@@ -6,12 +6,16 @@ evictions and dozens of position rebases. Both caches see the same tokens; the
 logits after every step are compared.
 """
 
+import copy
+
 import pytest
 import torch
 
 from streamchat.cache import SinkCache
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
 from streamchat.cache.layers import SinkLayer, SlidingLayer
+from streamchat.loading.device import Accelerators
+from streamchat.loading.quantization import plan_quantization, quantize_model
 from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model
 from tests.support.reference_cache import NaiveSinkCache
 
@@ -69,3 +73,18 @@ def test_layers_keep_the_models_own_sliding_window_when_it_is_narrower():
     assert [type(layer) for layer in cache.layers] == [SlidingLayer, SinkLayer]
     wide = SinkCache.for_model(tiny_model("phi3"), SINKS, WINDOW)  # sliding window 2047 never binds
     assert {type(layer) for layer in wide.layers} == {SinkLayer}
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_weights_stream_exactly(method, dtype):
+    # The same quantized model on both sides: the cache must not care how the weights are stored.
+    model = copy.deepcopy(tiny_model("llama", dtype=dtype))
+    dtype_name = str(dtype).removeprefix("torch.")
+    quantized = quantize_model(model, plan_quantization(method, "cpu", dtype_name, Accelerators()))
+    assert quantized > 0
+    worst, agreement = stream(model, follow=dtype == torch.bfloat16)
+    if dtype == torch.float32:
+        assert worst <= 1e-3
+    else:
+        assert agreement >= 0.99
