@@ -22,7 +22,7 @@ from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamchat.bench.models import BenchModel
-    from streamchat.loading import LoadedModel
+    from streamchat.loading import LoadedModel, LoadOptions
 
 bench_app = typer.Typer(
     name="bench",
@@ -215,6 +215,56 @@ def display(
         save_results(
             out, {"display.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
         )
+
+
+@bench_app.command()
+def decode(
+    model: ModelOption = None,
+    max_new_tokens: Annotated[int | None, _size("Tokens per reply.", 64)] = None,
+    trials: Annotated[int | None, _size("Replies per row (the median counts).", 5)] = None,
+    device: DeviceOption = defaults.DEVICE,
+    dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """Decode speed of streamchat against transformers' generate(), llama.cpp and the memory-bandwidth limit.
+
+    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given) and in
+    float32 unquantized; generate() with a StaticCache on each; llama.cpp on the same GGUF when
+    llama-cpp-python is installed. Greedy, same prompt, trials alternating between rows.
+    """
+    from streamchat.bench import decode as bench
+    from streamchat.bench.memory import out_of_memory_errors
+
+    with reported_errors():
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, max_new_tokens=max_new_tokens, trials=trials)
+        setting = bench.run_defaults(dtype, quantize)
+
+        def load(options: LoadOptions) -> LoadedModel:
+            return _load(options.model, options.device, options.dtype, options.quantize)
+
+        with out_of_memory_errors("--max-new-tokens"):
+            rows = bench.measure(model, device, setting, sizes, load, lambda text: stderr.print(text, markup=False))
+        title = (
+            f"Decode speed: {escape(model or defaults.DEFAULT_MODEL)}, greedy, "
+            f"{sizes.max_new_tokens} tokens per reply, "
+            f"median of {sizes.trials}"
+        )
+        columns = bench.columns()
+        caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
+        checks = bench.checks(rows, setting.label, _device_type(device))
+        print_report(_stdout(), title, columns, rows, checks, caption)
+        save_results(
+            out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
+        )
+
+
+def _device_type(device: str) -> str:
+    """ "cpu" or "cuda": where the rows ran (device "auto" settles at load time)."""
+    from streamchat.loading.device import choose_device, detect_accelerators
+
+    return choose_device(device, detect_accelerators()).split(":")[0]
 
 
 # ---- shared steps ---------------------------------------------------------------------------
