@@ -43,6 +43,7 @@ STREAMCHAT_VS_GENERATE_MAX = 1.0
 # Bandwidth probe: a float32 matrix far larger than any CPU cache, read by one GEMV.
 BANDWIDTH_PROBE_BYTES = 512 * 2**20
 BANDWIDTH_PROBE_REPEATS = 5
+LLAMA_CPP_MIN_CONTEXT = 512
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,16 @@ class LlamaCpp:
         from llama_cpp import Llama
 
         self.gguf = gguf
-        self.llama = Llama(model_path=str(gguf), n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
+        # The prompt goes in one token at a time (n_batch 1), as every decode step does anyway: llama.cpp's
+        # AMX matmul for batches dies with SIGILL on VMs that list AMX but do not enable it (the CI machine).
+        self.llama = Llama(
+            model_path=str(gguf),
+            n_ctx=max(context, LLAMA_CPP_MIN_CONTEXT),
+            n_batch=1,
+            n_ubatch=1,
+            n_threads=torch.get_num_threads(),
+            verbose=False,
+        )
 
     def decode(self, ids: list[int], sizes: DecodeSizes) -> float:
         """Seconds per decode step: from the first generated token to the last."""
