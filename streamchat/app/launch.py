@@ -132,6 +132,7 @@ def load_options(config: RunConfig) -> LoadOptions:
         model=config.model,
         device=config.device,
         dtype=config.dtype,
+        quantize=config.quantize,
         device_map=config.device_map,
         trust_remote_code=config.trust_remote_code,
         allow_pickle=config.allow_pickle,
@@ -172,6 +173,8 @@ def use_compile_cache() -> None:
 
 def _banner(config: RunConfig, loaded: LoadedModel) -> str:
     dtype = str(loaded.dtype).removeprefix("torch.")
+    if loaded.quantization != "none":
+        dtype += f" {loaded.quantization}"
     return (
         f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
         f"cache {config.sinks} sinks + {config.window:,} window · /help for commands, Ctrl-D to leave"

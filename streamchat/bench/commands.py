@@ -22,7 +22,7 @@ from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamchat.bench.models import BenchModel
-    from streamchat.loading import LoadedModel
+    from streamchat.loading import LoadedModel, LoadOptions
 
 bench_app = typer.Typer(
     name="bench",
@@ -43,6 +43,13 @@ ModelOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DEVICES)}]", help="Where the model runs.")]
 DtypeOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DTYPES)}]", help="Weight precision.")]
+QuantizeOption = Annotated[
+    str,
+    typer.Option(
+        metavar=f"[{'|'.join(defaults.QUANTIZATIONS)}]",
+        help="Weight-only quantization of the linear layers, as for `streamchat run`.",
+    ),
+]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.")]
 QuickOption = Annotated[
     bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
@@ -79,6 +86,7 @@ def ppl(
     model: ModelOption = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -93,13 +101,14 @@ def ppl(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, tokens=tokens, sinks=sinks, window=window, chunk=chunk)
         chosen = bench.parse_policies(policies)
         content = bench.read_text(text, start_at)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
         with out_of_memory_errors("--tokens or --window"):
             runs = bench.run_policies(loaded.model, ids, chosen, sizes, stderr)
         columns, rows = bench.summary_columns(sizes), bench.summary_rows(runs, sizes)
         title = (
-            f"Perplexity: {escape(loaded.source.name)} on {escape(text.name)}, {sizes.tokens:,} tokens, "
+            f"Perplexity: {escape(loaded.source.name)} ({_precision(loaded)}) on {escape(text.name)}, "
+            f"{sizes.tokens:,} tokens, "
             f"cache {sizes.sinks}+{sizes.window}, chunk {sizes.chunk} (dense {bench.DENSE_CHUNK})"
         )
         print_report(_stdout(), title, columns, rows, bench.checks(rows))
@@ -142,6 +151,7 @@ def speed(
     ] = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -157,11 +167,13 @@ def speed(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
         with out_of_memory_errors("--window"):
-            chosen = _bench_model(model, random_init, device, dtype)
+            chosen = _bench_model(model, random_init, device, dtype, quantize)
             measurements, memory_kind = bench.run_speed(
                 chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
             )
         dtype_name = str(chosen.dtype).removeprefix("torch.")
+        if chosen.quantization != "none":
+            dtype_name += f" {chosen.quantization}"
         title = (
             f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({dtype_name}), "
             f"cache {sizes.sinks}+{sizes.window}, median of {sizes.steps} steps"
@@ -185,6 +197,7 @@ def display(
     window: Annotated[int, typer.Option(help=WINDOW_HELP)] = defaults.WINDOW,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
@@ -193,7 +206,7 @@ def display(
 
     with reported_errors():
         sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=window)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         with out_of_memory_errors("--window or --max-new-tokens"):
             result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         columns, rows = bench.columns(), bench.rows(result)
@@ -204,6 +217,56 @@ def display(
         )
 
 
+@bench_app.command()
+def decode(
+    model: ModelOption = None,
+    max_new_tokens: Annotated[int | None, _size("Tokens per reply.", 64)] = None,
+    trials: Annotated[int | None, _size("Replies per row (the median counts).", 5)] = None,
+    device: DeviceOption = defaults.DEVICE,
+    dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """Decode speed of streamchat against transformers' generate(), llama.cpp and the memory-bandwidth limit.
+
+    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given) and in
+    float32 unquantized; generate() with a StaticCache on each; llama.cpp on the same GGUF when
+    llama-cpp-python is installed. Greedy, same prompt, trials alternating between rows.
+    """
+    from streamchat.bench import decode as bench
+    from streamchat.bench.memory import out_of_memory_errors
+
+    with reported_errors():
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, max_new_tokens=max_new_tokens, trials=trials)
+        setting = bench.run_defaults(dtype, quantize)
+
+        def load(options: LoadOptions) -> LoadedModel:
+            return _load(options.model, options.device, options.dtype, options.quantize)
+
+        with out_of_memory_errors("--max-new-tokens"):
+            rows = bench.measure(model, device, setting, sizes, load, lambda text: stderr.print(text, markup=False))
+        title = (
+            f"Decode speed: {escape(model or defaults.DEFAULT_MODEL)}, greedy, "
+            f"{sizes.max_new_tokens} tokens per reply, "
+            f"median of {sizes.trials}"
+        )
+        columns = bench.columns()
+        caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
+        checks = bench.checks(rows, setting.label, _device_type(device))
+        print_report(_stdout(), title, columns, rows, checks, caption)
+        save_results(
+            out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
+        )
+
+
+def _device_type(device: str) -> str:
+    """ "cpu" or "cuda": where the rows ran (device "auto" settles at load time)."""
+    from streamchat.loading.device import choose_device, detect_accelerators
+
+    return choose_device(device, detect_accelerators()).split(":")[0]
+
+
 # ---- shared steps ---------------------------------------------------------------------------
 
 
@@ -212,18 +275,25 @@ def _stdout() -> Console:
     return Console(highlight=False, emoji=False)
 
 
-def _load(model: str | None, device: str, dtype: str) -> LoadedModel:
+def _load(model: str | None, device: str, dtype: str, quantize: str) -> LoadedModel:
     from streamchat.loading import LoadOptions, load_model
 
-    return load_model(LoadOptions(model=model, device=device, dtype=dtype), notify=notify)
+    options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
+    return load_model(options, notify=notify)
 
 
-def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str) -> BenchModel:
+def _precision(loaded: LoadedModel) -> str:
+    """ "bfloat16 int4", "float32": the dtype, and the weight quantization if any."""
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
+
+
+def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str, quantize: str) -> BenchModel:
     from streamchat.bench.models import BenchModel, random_model
 
     if random_init is None:
-        loaded = _load(model, device, dtype)
-        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype)
+        loaded = _load(model, device, dtype, quantize)
+        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization)
     if model is not None:
         raise ConfigError("--model and --random-init exclude each other: give one")
-    return random_model(random_init, device, dtype)
+    return random_model(random_init, device, dtype, quantize)
