@@ -11,15 +11,16 @@ def linear(in_features: int, out_features: int, dtype: torch.dtype, bias: bool =
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_it_computes_with_the_rounded_weights(dtype: torch.dtype, bias: bool):
+@pytest.mark.parametrize("seq", [1, 5], ids=["decode (int8 kernel)", "prompt chunk (widened weights)"])
+def test_it_computes_with_the_rounded_weights(dtype: torch.dtype, bias: bool, seq: int):
     original = linear(64, 48, dtype, bias)
     layer = Int8Linear(original)
-    hidden = torch.randn(2, 5, 64, dtype=dtype)  # [batch, seq, in]
+    hidden = torch.randn(2, seq, 64, dtype=dtype)  # [batch, seq, in]
     # What the layer stands for: the int8 rows times their scales, in float32.
     weight = layer.weight_int8.float() * layer.scales.float()[:, None]
     expected = hidden.float() @ weight.T + (original.bias.float() if bias else 0)
     got = layer(hidden)
-    assert got.shape == (2, 5, 48) and got.dtype == dtype
+    assert got.shape == (2, seq, 48) and got.dtype == dtype
     assert torch.allclose(got.float(), expected, atol=2e-2 * expected.abs().max().item())
 
 
