@@ -7,6 +7,7 @@ command runs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,7 +23,7 @@ from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamchat.bench.models import BenchModel
-    from streamchat.loading import LoadedModel, LoadOptions
+    from streamchat.loading import LoadedModel
 
 bench_app = typer.Typer(
     name="bench",
@@ -124,19 +125,22 @@ def ppl(
         )
 
 
+RandomInitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--random-init",
+        metavar="CONFIG",
+        help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, "
+        "smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
+        show_default=False,
+    ),
+]
+
+
 @bench_app.command()
 def speed(
     model: ModelOption = None,
-    random_init: Annotated[
-        str | None,
-        typer.Option(
-            "--random-init",
-            metavar="CONFIG",
-            help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, "
-            "smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
-            show_default=False,
-        ),
-    ] = None,
+    random_init: RandomInitOption = None,
     sinks: Annotated[int | None, _size(SINKS_HELP, defaults.SINKS)] = None,
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
     checkpoints: Annotated[
@@ -220,40 +224,65 @@ def display(
 @bench_app.command()
 def decode(
     model: ModelOption = None,
+    random_init: RandomInitOption = None,
     max_new_tokens: Annotated[int | None, _size("Tokens per reply.", 64)] = None,
     trials: Annotated[int | None, _size("Replies per row (the median counts).", 5)] = None,
+    window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
+    full_cache: Annotated[
+        bool, typer.Option("--full-cache", help="Fill the cache before the reply: every step reads the whole window.")
+    ] = False,
+    compiled: Annotated[
+        bool,
+        typer.Option("--compiled/--no-compiled", help="Also time the compiled decode step (compiles first, untimed)."),
+    ] = True,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
     quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
-    """Decode speed of streamchat against transformers' generate(), llama.cpp and the memory-bandwidth limit.
+    """Decode speed of streamchat, eager and compiled, against transformers' generate(), llama.cpp and the limit.
 
-    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given) and in
-    float32 unquantized; generate() with a StaticCache on each; llama.cpp on the same GGUF when
-    llama-cpp-python is installed. Greedy, same prompt, trials alternating between rows.
+    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given), eager
+    and compiled, and on CPU in float32 unquantized; generate() with a StaticCache on each;
+    llama.cpp on the same GGUF when llama-cpp-python is installed. Greedy, same prompt,
+    trials alternating between rows.
     """
+    from streamchat.app.launch import use_compile_cache
     from streamchat.bench import decode as bench
     from streamchat.bench.memory import out_of_memory_errors
 
     with reported_errors():
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, max_new_tokens=max_new_tokens, trials=trials)
+        given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window}
+        sizes = dataclasses.replace(sizes_for(quick, bench.FULL, bench.QUICK, **given), full_cache=full_cache)
         setting = bench.run_defaults(dtype, quantize)
+        device_type = _device_type(device)
+        use_compile_cache()
 
-        def load(options: LoadOptions) -> LoadedModel:
-            return _load(options.model, options.device, options.dtype, options.quantize)
+        def subject_for(chosen: bench.Setting) -> bench.Subject:
+            loaded = _bench_model(model, random_init, device, chosen.dtype, chosen.quantize)
+            tokenizer = getattr(loaded, "tokenizer", None)
+            if full_cache or tokenizer is None:
+                ids = bench.filling_ids(loaded.model, sizes)
+            else:
+                ids = bench.prompt_ids(tokenizer, loaded.device)
+            return bench.Subject(loaded.model, ids, _precision(loaded))
 
-        with out_of_memory_errors("--max-new-tokens"):
-            rows = bench.measure(model, device, setting, sizes, load, lambda text: stderr.print(text, markup=False))
+        gguf = None
+        if random_init is None and device_type == "cpu":
+            gguf, reason = bench.llama_cpp_gguf(model)
+            if gguf is None:
+                stderr.print(reason, markup=False)
+        with out_of_memory_errors("--window or --max-new-tokens"):
+            rows = bench.measure(setting, sizes, subject_for, device_type, compiled, gguf)
+        name = f"random {random_init}" if random_init else model or defaults.DEFAULT_MODEL
         title = (
-            f"Decode speed: {escape(model or defaults.DEFAULT_MODEL)}, greedy, "
-            f"{sizes.max_new_tokens} tokens per reply, "
-            f"median of {sizes.trials}"
+            f"Decode speed: {escape(name)} on {device_type}, greedy, {sizes.max_new_tokens} tokens per reply, "
+            f"cache {sizes.sinks}+{sizes.window}{' full' if full_cache else ''}, median of {sizes.trials}"
         )
         columns = bench.columns()
         caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
-        checks = bench.checks(rows, setting.label, _device_type(device))
+        checks = bench.checks(rows, setting.label, device_type)
         print_report(_stdout(), title, columns, rows, checks, caption)
         save_results(
             out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
@@ -282,7 +311,7 @@ def _load(model: str | None, device: str, dtype: str, quantize: str) -> LoadedMo
     return load_model(options, notify=notify)
 
 
-def _precision(loaded: LoadedModel) -> str:
+def _precision(loaded: LoadedModel | BenchModel) -> str:
     """ "bfloat16 int4", "float32": the dtype, and the weight quantization if any."""
     dtype = str(loaded.dtype).removeprefix("torch.")
     return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
@@ -293,7 +322,9 @@ def _bench_model(model: str | None, random_init: str | None, device: str, dtype:
 
     if random_init is None:
         loaded = _load(model, device, dtype, quantize)
-        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization)
+        return BenchModel(
+            loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
+        )
     if model is not None:
         raise ConfigError("--model and --random-init exclude each other: give one")
     return random_model(random_init, device, dtype, quantize)

@@ -2,15 +2,19 @@
 
 Same model, prompt and greedy decoding for every row:
 
-- streamchat through the real engine (ChatSession), as `run` loads it by default and as
-  `--dtype float32 --quantize none` (the issue's baseline); each row is one Contender;
-- transformers' own generate() with a StaticCache on the same loaded model: what a
-  transformers user gets (decode time: N tokens minus 1 token, both timed); on CUDA
-  generate() compiles the forward pass itself when the cache is static;
+- streamchat's token loop (engine/decoder.py: draw, feed, read back) through the sink
+  cache, eager and with the decode step compiled, as `run` loads the model by default
+  and as `--dtype float32 --quantize none` (the issue's CPU baseline);
+- transformers' own generate() with a StaticCache on the same model: what a transformers
+  user gets (decode time: N tokens minus 1 token, both timed); on CUDA generate()
+  compiles the forward pass itself when the cache is static;
 - llama.cpp (llama-cpp-python, when installed) on the same GGUF file;
 - the memory-bandwidth limit: bytes read per token (weights, plus the KV cache at the
   reply's middle) over a bandwidth measured on the spot with one large GEMV.
 
+A model is loaded (--model) or built from random weights in a known shape
+(--random-init, no download: for GPU figures). --full-cache fills the cache to its
+capacity before the reply, so every step reads the whole window, as in a long chat.
 Trials rotate through the rows, so load from other processes hits all of them alike;
 each row reports its median.
 """
@@ -21,7 +25,7 @@ import importlib.util
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +34,23 @@ import torch
 from streamchat import defaults
 from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
-from streamchat.engine.events import TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.engine.decoder import Decoder
+from streamchat.engine.sampling import Sampler
 from streamchat.engine.settings import GenerationSettings
-from streamchat.loading import LoadedModel, LoadOptions
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
-# The issue's targets for the CPU default model.
+# The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
 DEFAULTS_VS_FLOAT32_MIN = 2.5
 DEFAULTS_VS_LLAMA_CPP_MAX = 2.5
 STREAMCHAT_VS_GENERATE_MAX = 1.0
+COMPILED_VS_EAGER_MIN = 2.5
+COMPILED_VS_LIMIT_MAX = 2.0
 # Bandwidth probe: a float32 matrix far larger than any CPU cache, read by one GEMV.
 BANDWIDTH_PROBE_BYTES = 512 * 2**20
 BANDWIDTH_PROBE_REPEATS = 5
 LLAMA_CPP_MIN_CONTEXT = 512
+STREAMCHAT, COMPILED, GENERATE = "streamchat", "streamchat compiled", "transformers generate() + StaticCache"
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class DecodeSizes:
     trials: int  # replies per row
     window: int = defaults.WINDOW
     sinks: int = defaults.SINKS
+    full_cache: bool = False  # a prompt that fills the cache, so every step reads the whole window
 
     def __post_init__(self) -> None:
         require_at_least("--max-new-tokens", self.max_new_tokens, 2)
@@ -59,7 +67,7 @@ class DecodeSizes:
 
 
 FULL = DecodeSizes(max_new_tokens=64, trials=5)
-QUICK = DecodeSizes(max_new_tokens=6, trials=1)
+QUICK = DecodeSizes(max_new_tokens=6, trials=1, window=60)
 
 
 @dataclass(frozen=True)
@@ -72,14 +80,26 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Subject:
+    """A model to decode with, the prompt every row starts from, and how its weights are stored."""
+
+    model: Any
+    ids: torch.Tensor  # [1, n]
+    precision: str  # "bfloat16 int8", "float32"
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+
+@dataclass(frozen=True)
 class Contender:
     """One row: an engine decoding with a model loaded as `setting` says."""
 
     name: str
     setting: Setting
     # Seconds per decode step of one greedy reply of `max_new_tokens` tokens.
-    decode: Callable[[LoadedModel, DecodeSizes], float]
-    options: dict[str, Any] = field(default_factory=dict)
+    decode: Callable[[Subject, DecodeSizes], float]
 
 
 def run_defaults(dtype: str, quantize: str) -> Setting:
@@ -90,56 +110,78 @@ def run_defaults(dtype: str, quantize: str) -> Setting:
 BASELINE = Setting("--dtype float32 --quantize none", "float32", "none")
 
 
-def contenders(defaults_setting: Setting) -> list[Contender]:
-    """The rows, in table order; a new row (a compiled session, say) is one more entry."""
-    rows = []
-    for setting in (defaults_setting, BASELINE):
-        rows.append(Contender("streamchat", setting, session_decode))
-        rows.append(Contender("transformers generate() + StaticCache", setting, generate_decode))
+def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> list[Contender]:
+    """The rows, in table order: each is one entry."""
+    rows = [Contender(STREAMCHAT, defaults_setting, streamchat_decode)]
+    if compiled:
+        rows.append(Contender(COMPILED, defaults_setting, compiled_decode))
+    rows.append(Contender(GENERATE, defaults_setting, generate_decode))
+    if device_type == "cpu" and (defaults_setting.dtype, defaults_setting.quantize) != ("float32", "none"):
+        rows.append(Contender(STREAMCHAT, BASELINE, streamchat_decode))
+        rows.append(Contender(GENERATE, BASELINE, generate_decode))
     return rows
 
 
 # ---- the engines --------------------------------------------------------------------------------
 
 
-def session_decode(loaded: LoadedModel, sizes: DecodeSizes, **options: Any) -> float:
-    """Seconds per decode step of a greedy reply through ChatSession, from its TurnStats."""
-    settings = GenerationSettings(max_new_tokens=sizes.max_new_tokens, temperature=0.0)
-    session_options = SessionOptions(sinks=sizes.sinks, window=sizes.window, settings=settings, **options)
-    session = ChatSession(loaded.model, loaded.tokenizer, session_options)
-    finished = [event for event in session.chat(PROMPT) if isinstance(event, TurnFinished)]
-    speed = finished[0].stats.decode_tokens_per_second
-    return 1 / speed if speed > 0 else float("nan")
+def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str | None = None) -> float:
+    """Seconds per decode step of streamchat's token loop, greedy, after the prompt."""
+    model = subject.model
+    cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
+    decoder = Decoder(model, cache, compile_backend)
+    *_, (_, logits) = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
+    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
+    decoder.next()  # the first step: it compiles, when compiling
+    _synchronize(subject.device)
+    started = time.perf_counter()
+    for _ in range(sizes.max_new_tokens - 1):
+        decoder.next()
+    _synchronize(subject.device)
+    return (time.perf_counter() - started) / (sizes.max_new_tokens - 1)
 
 
-def prompt_ids(loaded: LoadedModel) -> torch.Tensor:
-    """The prompt as the chat template renders it: ids [1, n]."""
-    messages = [{"role": "user", "content": PROMPT}]
-    rendered = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return loaded.tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids.to(loaded.device)
+def compiled_decode(subject: Subject, sizes: DecodeSizes) -> float:
+    return streamchat_decode(subject, sizes, compile_backend="inductor")
 
 
-def generate_decode(loaded: LoadedModel, sizes: DecodeSizes) -> float:
+def generate_decode(subject: Subject, sizes: DecodeSizes) -> float:
     """Seconds per decode step of generate() with a StaticCache: (time for N tokens - time for 1) / (N - 1)."""
-    ids = prompt_ids(loaded)
+    ids = subject.ids
 
     def timed(new_tokens: int) -> float:
-        _synchronize(loaded.device)
+        _synchronize(subject.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            loaded.model.generate(
+            subject.model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
                 do_sample=False,
                 cache_implementation="static",
-                pad_token_id=loaded.tokenizer.eos_token_id,
+                pad_token_id=0,
             )
-        _synchronize(loaded.device)
+        _synchronize(subject.device)
         return time.perf_counter() - started
 
     return (timed(sizes.max_new_tokens) - timed(1)) / (sizes.max_new_tokens - 1)
+
+
+def prompt_ids(tokenizer: Any, device: torch.device) -> torch.Tensor:
+    """The chat prompt as the model's template renders it: ids [1, n]."""
+    messages = [{"role": "user", "content": PROMPT}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+
+
+def filling_ids(model: Any, sizes: DecodeSizes) -> torch.Tensor:
+    """Random ids [1, capacity]: a prompt that leaves the cache full when the reply starts."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    return torch.randint(vocab, (1, sizes.sinks + sizes.window), generator=generator).to(
+        model.get_input_embeddings().weight.device
+    )
 
 
 def _synchronize(device: torch.device) -> None:
@@ -283,74 +325,67 @@ def row(engine: str, setting: str, seconds: list[float], limit_seconds: float | 
 
 
 def checks(rows: list[Row], defaults_setting: str, device_type: str) -> list[Check]:
-    by_key = {(r["engine"], r["setting"]): r["ms_per_token"] for r in rows}
+    by_key = {(r["engine"], r["setting"]): r for r in rows}
+
+    def ms(engine: str, setting: str) -> float | None:
+        found = by_key.get((engine, setting))
+        return found["ms_per_token"] if found else None
+
     found = []
-    ours = by_key.get(("streamchat", defaults_setting))
-    baseline = by_key.get(("streamchat", BASELINE.label))
+    ours, baseline = ms(STREAMCHAT, defaults_setting), ms(STREAMCHAT, BASELINE.label)
     if device_type == "cpu" and ours and baseline and defaults_setting != BASELINE.label:
         found.append(Check("run defaults / float32 decode speed", baseline / ours, DEFAULTS_VS_FLOAT32_MIN, False))
     llama = next((r["ms_per_token"] for r in rows if r["engine"] == "llama.cpp"), None)
     if ours and llama:
         found.append(Check("run defaults / llama.cpp ms per token", ours / llama, DEFAULTS_VS_LLAMA_CPP_MAX, True))
-    for (engine, setting), ms in by_key.items():
-        generate = by_key.get(("transformers generate() + StaticCache", setting))
-        if engine == "streamchat" and generate:
-            name = f"streamchat / generate() ms per token, {setting}"
-            found.append(Check(name, ms / generate, STREAMCHAT_VS_GENERATE_MAX, True))
+    compiled = by_key.get((COMPILED, defaults_setting))
+    if device_type == "cuda" and compiled and ours:
+        found.append(
+            Check("compiled / eager decode speed", ours / compiled["ms_per_token"], COMPILED_VS_EAGER_MIN, False)
+        )
+        found.append(Check("compiled ms per token / the limit", compiled["x_of_limit"], COMPILED_VS_LIMIT_MAX, True))
+    for (engine, setting), measured in by_key.items():
+        generate = ms(GENERATE, setting)
+        if engine in (STREAMCHAT, COMPILED) and generate:
+            name = f"{engine} / generate() ms per token, {setting}"
+            found.append(Check(name, measured["ms_per_token"] / generate, STREAMCHAT_VS_GENERATE_MAX, True))
     return found
 
 
-def load_options(model: str | None, device: str, setting: Setting) -> LoadOptions:
-    return LoadOptions(model=model, device=device, dtype=setting.dtype, quantize=setting.quantize)
-
-
-def precision(loaded: LoadedModel) -> str:
-    dtype = str(loaded.dtype).removeprefix("torch.")
-    return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
-
-
 def measure(
-    model: str | None,
-    device: str,
     defaults_setting: Setting,
     sizes: DecodeSizes,
-    load: Callable[[LoadOptions], LoadedModel],
-    note: Callable[[str], None],
+    subject_for: Callable[[Setting], Subject],
+    device_type: str,
+    compiled: bool,
+    gguf: Path | None,
 ) -> list[Row]:
     """Every row's median decode time over `sizes.trials` trials, the rows taking turns."""
-    rows = contenders(defaults_setting)
-    models: dict[str, LoadedModel] = {}
+    rows = contenders(defaults_setting, device_type, compiled)
+    subjects: dict[str, Subject] = {}
     for contender in rows:
-        if contender.setting.label not in models:
-            models[contender.setting.label] = load(load_options(model, device, contender.setting))
-    first = models[defaults_setting.label]
-    ids = prompt_ids(first)
-    context = ids.shape[-1] + sizes.max_new_tokens // 2  # tokens cached at the reply's middle
+        if contender.setting.label not in subjects:
+            subjects[contender.setting.label] = subject_for(contender.setting)
+    first = subjects[defaults_setting.label]
+    context = first.ids.shape[-1] + sizes.max_new_tokens // 2  # tokens cached at the reply's middle
+    context = min(context, sizes.sinks + sizes.window)
     # (engine, setting label, seconds per decode step of one reply of the given size)
     runs: list[tuple[str, str, Callable[[DecodeSizes], float]]] = [
         (
             contender.name,
             contender.setting.label,
-            lambda size, contender=contender: contender.decode(
-                models[contender.setting.label], size, **contender.options
-            ),
+            lambda size, contender=contender: contender.decode(subjects[contender.setting.label], size),
         )
         for contender in rows
     ]
-    gguf, reason = llama_cpp_gguf(model)
-    llama = None
-    if gguf is None:
-        note(reason)
-    elif first.device.type != "cpu":
-        note("llama.cpp row skipped: it runs here on the CPU only")
-    else:
-        llama = LlamaCpp(gguf, ids.shape[-1] + sizes.max_new_tokens + 8)
-        prompt = ids[0].tolist()
+    if gguf is not None:
+        llama = LlamaCpp(gguf, first.ids.shape[-1] + sizes.max_new_tokens + 8)
+        prompt = first.ids[0].tolist()
         runs.append(
             ("llama.cpp", f"{gguf.name}, {torch.get_num_threads()} threads", lambda size: llama.decode(prompt, size))
         )
-    # One short untimed reply each first: allocations, lazy imports and caches warm up outside the timing.
-    warm_up = DecodeSizes(max_new_tokens=2, trials=1, window=sizes.window, sinks=sizes.sinks)
+    # One short untimed reply each first: allocations, lazy imports, compiling, caches warm up untimed.
+    warm_up = DecodeSizes(2, 1, sizes.window, sizes.sinks, sizes.full_cache)
     for _, _, run in runs:
         run(warm_up)
     seconds: list[list[float]] = [[] for _ in runs]
@@ -367,8 +402,10 @@ def measure(
             limit = (gguf_bytes_per_token(gguf) + kv_bytes_per_token(first.model, context, 2)) / bandwidth
             found.append(row(engine, label, measured, limit))
             continue
-        loaded = models[label]
-        element = torch.finfo(loaded.dtype).bits // 8
-        limit = (weight_bytes_per_token(loaded.model) + kv_bytes_per_token(loaded.model, context, element)) / bandwidth
-        found.append(row(engine, label, measured, limit) | {"precision": precision(loaded)})
+        subject = subjects[label]
+        element = torch.finfo(subject.model.dtype).bits // 8
+        limit = (
+            weight_bytes_per_token(subject.model) + kv_bytes_per_token(subject.model, context, element)
+        ) / bandwidth
+        found.append(row(engine, label, measured, limit) | {"precision": subject.precision})
     return found

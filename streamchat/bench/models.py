@@ -83,6 +83,7 @@ class BenchModel:
     device: torch.device
     dtype: torch.dtype
     quantization: str = "none"
+    tokenizer: Any = None  # a loaded model's; random weights have none
 
 
 def random_config(spec: str) -> PreTrainedConfig:
