@@ -84,7 +84,8 @@ def test_layers_keep_the_models_own_sliding_window_when_it_is_narrower():
     assert {type(layer) for layer in wide.layers} == {SinkLayer}
 
 
-CUDA_TYPES = ["llama", "qwen2", "gemma2", "phi3", "cohere"]
+# Rotate-half, a model's own sliding window with eager attention, interleaved pairs.
+CUDA_TYPES = ["llama", "gemma2", "cohere"]
 
 
 @pytest.mark.cuda
