@@ -3,7 +3,7 @@
 #
 #     bash scripts/gpu_check.sh
 #
-# No downloads (random-initialised weights); about 5 minutes on one H200.
+# No downloads (random-initialised weights); about 6 minutes on one H200.
 #  1. The CUDA test tier (pytest -m cuda): the sink cache against the paper-style reference on
 #     CUDA with SDPA, eager and compiled (CUDA graphs); a 20-turn session with evictions and
 #     /regen, compiled against eager.
@@ -30,5 +30,5 @@ echo "== 1. CUDA test tier"
 "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider -p no:xdist tests
 
 echo "== 2. decode speed, Llama-2-7B shapes, bfloat16, cache 4+2000 full"
-"$PYTHON" -m streamchat bench decode --random-init llama-2-7b --device cuda --dtype bfloat16 \
-    --window 2000 --out "${OUT:-bench-results}/gpu-check"
+"$PYTHON" -m streamchat bench decode --random-init llama-2-7b --device cuda --dtype bfloat16 --quantize none \
+    --window 2000 --full-cache --trials 3 --out "${OUT:-bench-results}/gpu-check"

@@ -39,6 +39,7 @@ from streamchat.app.transcript import (
 )
 from streamchat.errors import ConfigError
 from streamchat.loading.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
+from streamchat.loading.quantization import QUANTIZE_NAMES, is_quantize_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -141,6 +142,7 @@ class RunConfig:
     system: str | None = None
     device: str = defaults.DEVICE
     dtype: str = defaults.DTYPE
+    quantize: str = defaults.QUANTIZE
     device_map: str | None = None
     evict: str = defaults.EVICTION_POLICY
     read_all: bool = defaults.READ_ALL
@@ -196,6 +198,8 @@ _CONVERTERS: dict[str, Converter] = {
     # Which machine has the device is checked at load time (loading/device.py), not here.
     "device": _checked(_text, is_device_name, f"must be one of {DEVICE_NAMES}"),
     "dtype": _checked(_text, is_dtype_name, f"must be one of {DTYPE_NAMES}"),
+    # Which device takes which quantization is checked at load time (loading/quantization.py).
+    "quantize": _checked(_text, is_quantize_name, f"must be one of {QUANTIZE_NAMES}"),
     "device_map": _text,
     "evict": _one_of(defaults.EVICTION_POLICIES),
     "read_all": _boolean,

@@ -156,6 +156,7 @@ def load_options(config: RunConfig) -> LoadOptions:
         model=config.model,
         device=config.device,
         dtype=config.dtype,
+        quantize=config.quantize,
         device_map=config.device_map,
         trust_remote_code=config.trust_remote_code,
         allow_pickle=config.allow_pickle,
@@ -196,6 +197,8 @@ def use_compile_cache() -> None:
 
 def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:
     dtype = str(loaded.dtype).removeprefix("torch.")
+    if loaded.quantization != "none":
+        dtype += f" {loaded.quantization}"
     return (
         f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
         f"cache {session.cache.sinks} sinks (--keep {config.keep}) + {config.window:,} window · "

@@ -7,6 +7,7 @@ command runs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -43,6 +44,13 @@ ModelOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DEVICES)}]", help="Where the model runs.")]
 DtypeOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DTYPES)}]", help="Weight precision.")]
+QuantizeOption = Annotated[
+    str,
+    typer.Option(
+        metavar=f"[{'|'.join(defaults.QUANTIZATIONS)}]",
+        help="Weight-only quantization of the linear layers, as for `streamchat run`.",
+    ),
+]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.")]
 QuickOption = Annotated[
     bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
@@ -83,6 +91,7 @@ def ppl(
     model: ModelOption = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -101,13 +110,14 @@ def ppl(
         if "keep" in chosen:
             bench.require_keep_fits(sizes)
         content = bench.read_text(text, start_at)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
         with out_of_memory_errors("--tokens or --window"):
             runs = bench.run_policies(loaded.model, ids, chosen, sizes, stderr)
         columns, rows = bench.summary_columns(sizes), bench.summary_rows(runs, sizes)
         title = (
-            f"Perplexity: {escape(loaded.source.name)} on {escape(text.name)}, {sizes.tokens:,} tokens, "
+            f"Perplexity: {escape(loaded.source.name)} ({_precision(loaded)}) on {escape(text.name)}, "
+            f"{sizes.tokens:,} tokens, "
             f"cache {sizes.sinks}+{sizes.window}, chunk {sizes.chunk} (dense {bench.DENSE_CHUNK})"
         )
         print_report(_stdout(), title, columns, rows, bench.checks(rows))
@@ -123,19 +133,22 @@ def ppl(
         )
 
 
+RandomInitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--random-init",
+        metavar="CONFIG",
+        help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, "
+        "smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
+        show_default=False,
+    ),
+]
+
+
 @bench_app.command()
 def speed(
     model: ModelOption = None,
-    random_init: Annotated[
-        str | None,
-        typer.Option(
-            "--random-init",
-            metavar="CONFIG",
-            help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, "
-            "smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
-            show_default=False,
-        ),
-    ] = None,
+    random_init: RandomInitOption = None,
     sinks: Annotated[int | None, _size(SINKS_HELP, defaults.SINKS)] = None,
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
     checkpoints: Annotated[
@@ -150,6 +163,7 @@ def speed(
     ] = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -165,11 +179,13 @@ def speed(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
         with out_of_memory_errors("--window"):
-            chosen = _bench_model(model, random_init, device, dtype)
+            chosen = _bench_model(model, random_init, device, dtype, quantize)
             measurements, memory_kind = bench.run_speed(
                 chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
             )
         dtype_name = str(chosen.dtype).removeprefix("torch.")
+        if chosen.quantization != "none":
+            dtype_name += f" {chosen.quantization}"
         title = (
             f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({dtype_name}), "
             f"cache {sizes.sinks}+{sizes.window}, median of {sizes.steps} steps"
@@ -254,6 +270,7 @@ def display(
     window: Annotated[int, typer.Option(help=WINDOW_HELP)] = defaults.WINDOW,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
@@ -262,7 +279,7 @@ def display(
 
     with reported_errors():
         sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=window)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         with out_of_memory_errors("--window or --max-new-tokens"):
             result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         columns, rows = bench.columns(), bench.rows(result)
@@ -273,6 +290,81 @@ def display(
         )
 
 
+@bench_app.command()
+def decode(
+    model: ModelOption = None,
+    random_init: RandomInitOption = None,
+    max_new_tokens: Annotated[int | None, _size("Tokens per reply.", 64)] = None,
+    trials: Annotated[int | None, _size("Replies per row (the median counts).", 5)] = None,
+    window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
+    full_cache: Annotated[
+        bool, typer.Option("--full-cache", help="Fill the cache before the reply: every step reads the whole window.")
+    ] = False,
+    compiled: Annotated[
+        bool,
+        typer.Option("--compiled/--no-compiled", help="Also time the compiled decode step (compiles first, untimed)."),
+    ] = True,
+    device: DeviceOption = defaults.DEVICE,
+    dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """Decode speed of streamchat, eager and compiled, against transformers' generate(), llama.cpp and the limit.
+
+    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given), eager
+    and compiled, and on CPU in float32 unquantized; generate() with a StaticCache on each;
+    llama.cpp on the same GGUF when llama-cpp-python is installed. Greedy, same prompt,
+    trials alternating between rows.
+    """
+    from streamchat.app.launch import use_compile_cache
+    from streamchat.bench import decode as bench
+    from streamchat.bench.memory import out_of_memory_errors
+
+    with reported_errors():
+        given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window}
+        sizes = dataclasses.replace(sizes_for(quick, bench.FULL, bench.QUICK, **given), full_cache=full_cache)
+        setting = bench.run_defaults(dtype, quantize)
+        device_type = _device_type(device)
+        use_compile_cache()
+
+        def subject_for(chosen: bench.Setting) -> bench.Subject:
+            loaded = _bench_model(model, random_init, device, chosen.dtype, chosen.quantize)
+            tokenizer = getattr(loaded, "tokenizer", None)
+            if full_cache or tokenizer is None:
+                ids = bench.filling_ids(loaded.model, sizes)
+            else:
+                ids = bench.prompt_ids(tokenizer, loaded.device)
+            return bench.Subject(loaded.model, ids, _precision(loaded))
+
+        gguf = None
+        if random_init is None and device_type == "cpu":
+            gguf, reason = bench.llama_cpp_gguf(model)
+            if gguf is None:
+                stderr.print(reason, markup=False)
+        with out_of_memory_errors("--window or --max-new-tokens"):
+            rows = bench.measure(setting, sizes, subject_for, device_type, compiled, gguf)
+        name = f"random {random_init}" if random_init else model or defaults.DEFAULT_MODEL
+        title = (
+            f"Decode speed: {escape(name)} on {device_type}, greedy, {sizes.max_new_tokens} tokens per reply, "
+            f"cache {sizes.sinks}+{sizes.window}{' full' if full_cache else ''}, median of {sizes.trials}"
+        )
+        columns = bench.columns()
+        caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
+        checks = bench.checks(rows, setting.label, device_type)
+        print_report(_stdout(), title, columns, rows, checks, caption)
+        save_results(
+            out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
+        )
+
+
+def _device_type(device: str) -> str:
+    """ "cpu" or "cuda": where the rows ran (device "auto" settles at load time)."""
+    from streamchat.loading.device import choose_device, detect_accelerators
+
+    return choose_device(device, detect_accelerators()).split(":")[0]
+
+
 # ---- shared steps ---------------------------------------------------------------------------
 
 
@@ -281,18 +373,27 @@ def _stdout() -> Console:
     return Console(highlight=False, emoji=False)
 
 
-def _load(model: str | None, device: str, dtype: str) -> LoadedModel:
+def _load(model: str | None, device: str, dtype: str, quantize: str) -> LoadedModel:
     from streamchat.loading import LoadOptions, load_model
 
-    return load_model(LoadOptions(model=model, device=device, dtype=dtype), notify=notify)
+    options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
+    return load_model(options, notify=notify)
 
 
-def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str) -> BenchModel:
+def _precision(loaded: LoadedModel | BenchModel) -> str:
+    """ "bfloat16 int4", "float32": the dtype, and the weight quantization if any."""
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
+
+
+def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str, quantize: str) -> BenchModel:
     from streamchat.bench.models import BenchModel, random_model
 
     if random_init is None:
-        loaded = _load(model, device, dtype)
-        return BenchModel(loaded.model, loaded.source.name, loaded.device, loaded.dtype)
+        loaded = _load(model, device, dtype, quantize)
+        return BenchModel(
+            loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
+        )
     if model is not None:
         raise ConfigError("--model and --random-init exclude each other: give one")
-    return random_model(random_init, device, dtype)
+    return random_model(random_init, device, dtype, quantize)

@@ -82,6 +82,8 @@ class BenchModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    quantization: str = "none"
+    tokenizer: Any = None  # a loaded model's; random weights have none
 
 
 def random_config(spec: str) -> PreTrainedConfig:
@@ -105,16 +107,19 @@ def random_config(spec: str) -> PreTrainedConfig:
     return CONFIG_MAPPING[model_type](**fields)
 
 
-def random_model(spec: str, device: str, dtype: str) -> BenchModel:
-    """Random weights in the shape `spec` describes, created directly on the device."""
+def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> BenchModel:
+    """Random weights in the shape `spec` describes, created directly on the device, quantized as `quantize` says."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from streamchat.cache.architectures import ensure_supported
     from streamchat.loading.device import detect_accelerators, plan_placement
     from streamchat.loading.loader import attention_implementation
+    from streamchat.loading.quantization import plan_quantization, quantize_model
 
-    placement = plan_placement(device, dtype, None, detect_accelerators())
+    accelerators = detect_accelerators()
+    placement = plan_placement(device, dtype, None, accelerators)
+    quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
     config = random_config(spec)
     ensure_supported(config)
     torch.manual_seed(RANDOM_INIT_SEED)
@@ -124,7 +129,8 @@ def random_model(spec: str, device: str, dtype: str) -> BenchModel:
             config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
         )
     model.eval()
-    return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype)
+    quantize_model(model, quantization)
+    return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
 
 
 def _read_config(path: Path, spec: str) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """Where the model runs and in what precision.
 
 The choices are pure functions of what the machine offers (an Accelerators value), so
-every rule is testable without a GPU; only detect_accelerators() asks torch.
+every rule is testable without a GPU or a particular CPU; only detect_accelerators()
+asks torch and the operating system.
 """
 
 from __future__ import annotations
 
+import platform
 import re
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
@@ -27,7 +31,11 @@ class Accelerators:
 
     cuda_devices: int = 0
     cuda_bf16: bool = False
+    # (major, minor) compute capability of the oldest GPU; (0, 0) without one.
+    cuda_capability: tuple[int, int] = (0, 0)
     mps: bool = False
+    # The CPU computes bfloat16 dot products in hardware (see detect_cpu_bf16).
+    cpu_bf16: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,8 +67,59 @@ def detect_accelerators() -> Accelerators:
     return Accelerators(
         cuda_devices=cuda_devices,
         cuda_bf16=cuda_devices > 0 and torch.cuda.is_bf16_supported(),
+        cuda_capability=min((torch.cuda.get_device_capability(index) for index in range(cuda_devices)), default=(0, 0)),
         mps=torch.backends.mps.is_available(),
+        cpu_bf16=detect_cpu_bf16(),
     )
+
+
+# /proc/cpuinfo flags that mean native bf16 dot products: AVX512_BF16 (Cooper Lake, Zen 4
+# and later) or AMX (Sapphire Rapids and later) on x86; the BF16 extension (ARMv8.6:
+# Graviton 3, Neoverse V1/V2) on aarch64, which lists it under "Features".
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+ARM_BF16_FLAGS = ("bf16",)
+# macOS answers this sysctl with 1 on Apple M2 and later.
+MACOS_BF16_SYSCTL = "hw.optional.arm.FEAT_BF16"
+
+
+def detect_cpu_bf16() -> bool:
+    """Whether this CPU says it has native bf16, read from the operating system; False when it cannot tell."""
+    system, machine = platform.system(), platform.machine().lower()
+    if system == "Linux":
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return cpu_bf16_from_cpuinfo(cpuinfo, machine)
+    if system == "Darwin" and machine == "arm64":
+        return _sysctl(MACOS_BF16_SYSCTL) == "1"
+    return False  # Windows and the rest: no flag read here, so no claim
+
+
+def cpu_bf16_from_cpuinfo(cpuinfo: str, machine: str) -> bool:
+    """Whether Linux's /proc/cpuinfo text lists a native bf16 flag for `machine` (platform.machine(), lowercase).
+
+    Each processor's block lists its flags ("flags" on x86, "Features" on aarch64); all
+    processors must have one, since a thread may run on any of them.
+    """
+    if machine in ("x86_64", "amd64", "i686", "i386"):
+        key, wanted = "flags", X86_BF16_FLAGS
+    elif machine in ("aarch64", "arm64"):
+        key, wanted = "features", ARM_BF16_FLAGS
+    else:
+        return False
+    flag_lines = [
+        line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.partition(":")[0].strip().lower() == key
+    ]
+    return bool(flag_lines) and all(any(flag in flags for flag in wanted) for flags in flag_lines)
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        answer = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return answer.stdout.strip() if answer.returncode == 0 else None
 
 
 def plan_placement(device: str, dtype: str, device_map: str | None, accelerators: Accelerators) -> Placement:
@@ -110,7 +169,8 @@ def available_devices(accelerators: Accelerators) -> list[str]:
 
 
 def choose_dtype(requested: str, device: str, accelerators: Accelerators) -> str:
-    """`requested`, or for "auto": bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU.
+    """`requested`, or for "auto": bfloat16 on GPUs and CPUs that have it natively, float16 on other GPUs
+    and on Apple's MPS, float32 on other CPUs.
 
     `device` is a device choose_device returned.
     """
@@ -122,4 +182,6 @@ def choose_dtype(requested: str, device: str, accelerators: Accelerators) -> str
         return "bfloat16" if accelerators.cuda_bf16 else "float16"
     if device == "mps":
         return "float16"
-    return "float32"
+    # Without bf16 in hardware torch emulates it by converting operands to float32 and back,
+    # which is not known to beat float32 and rounds more: keep float32 there.
+    return "bfloat16" if accelerators.cpu_bf16 else "float32"

@@ -16,6 +16,7 @@ from streamchat.loading.device import Placement, detect_accelerators, plan_place
 from streamchat.loading.failures import model_errors
 from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
+from streamchat.loading.quantization import plan_quantization, quantize_model
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
 
@@ -32,6 +33,8 @@ class LoadOptions:
     model: str | None = None
     device: str = defaults.DEVICE
     dtype: str = defaults.DTYPE
+    # Weight-only quantization of the linear layers (loading/quantization.py).
+    quantize: str = defaults.QUANTIZE
     # "auto" spreads the model over all GPUs through accelerate; None keeps it on one device.
     device_map: str | None = None
     trust_remote_code: bool = False
@@ -51,10 +54,14 @@ class LoadedModel:
     # Where input ids go: the device of the input embeddings (the first GPU under --device-map auto).
     device: torch.device
     dtype: torch.dtype
+    # "none", "int8" or "int4": what --quantize settled on.
+    quantization: str
     # The context length the model was trained for, if its config says.
     max_context: int | None
     parameters: int
     load_seconds: float
+    # Of load_seconds, the time quantizing took (done at every start, not cached).
+    quantize_seconds: float = 0.0
 
     @property
     def has_chat_template(self) -> bool:
@@ -74,12 +81,18 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     started = time.perf_counter()
     source = resolve_model(options.model)
     # Settled first: an unavailable device should fail before a download or a conversion.
-    placement = plan_placement(options.device, options.dtype, options.device_map, detect_accelerators())
+    accelerators = detect_accelerators()
+    placement = plan_placement(options.device, options.dtype, options.device_map, accelerators)
+    quantization = plan_quantization(options.quantize, placement.device, placement.dtype, accelerators)
     directory = _local_directory(source, options, notify)
     config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
     ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
     ensure_intact_weights(directory, remedy=_damaged_weights_remedy(source, directory))
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
+    parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
+    quantizing = time.perf_counter()
+    quantize_model(model, quantization)
+    quantize_seconds = time.perf_counter() - quantizing
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(
         model=model,
@@ -89,9 +102,11 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         model_type=text_config.model_type,
         device=model.get_input_embeddings().weight.device,
         dtype=model.dtype,
+        quantization=quantization.method,
         max_context=getattr(text_config, "max_position_embeddings", None),
-        parameters=model.num_parameters(),
+        parameters=parameters,
         load_seconds=time.perf_counter() - started,
+        quantize_seconds=quantize_seconds,
     )
 
 

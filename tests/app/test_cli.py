@@ -18,6 +18,7 @@ from streamchat import __version__, defaults
 from streamchat.cache.architectures import supported_list
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir, convert_gguf
+from streamchat.loading.device import detect_accelerators
 from tests.support.gguf_files import write_tiny_gguf
 from tests.support.processes import in_foreground
 
@@ -112,25 +113,29 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     assert first.returncode == 0, first.stderr
     assert first.stderr.startswith(f"Converting {defaults.DEFAULT_MODEL_GGUF} to a transformers model.")
     rows = [line.rstrip() for line in first.stdout.splitlines()]
-    assert rows[:9] == [
+    # The CPU defaults: bfloat16 where the CPU has it natively, int8 weights.
+    dtype = "bfloat16" if detect_accelerators().cpu_bf16 else "float32"
+    assert rows[:10] == [
         f"model          {defaults.DEFAULT_MODEL}",
         f"source         GGUF file {packaged_default.resolve()}",
         "model type     llama",
         "parameters     27,008",
         "device         cpu",
-        "dtype          float32",
+        f"dtype          {dtype}",
+        rows[6],
         "max context    256 tokens",
         "chat template  yes",
-        rows[8],
+        rows[9],
     ]
-    assert rows[8].startswith("load time      ") and rows[8].endswith(" s")
-    converted = Path(rows[9].removeprefix("files").strip())
+    assert rows[6].startswith("quantization   int8 weights (quantized in ") and rows[6].endswith(" s)")
+    assert rows[9].startswith("load time      ") and rows[9].endswith(" s")
+    converted = Path(rows[10].removeprefix("files").strip())
     assert (converted / "model.safetensors").is_file()
 
     second = streamchat("info")
     assert second.returncode == 0
     assert "Converting" not in second.stderr
-    assert second.stdout.splitlines()[9] == first.stdout.splitlines()[9]
+    assert second.stdout.splitlines()[10] == first.stdout.splitlines()[10]
     models = streamchat("models").stdout.splitlines()
     default_row = next(line for line in models if line.startswith(defaults.DEFAULT_MODEL))
     assert default_row.rstrip().endswith(f"{packaged_default.resolve()}  yes, packaged GGUF")

@@ -37,9 +37,10 @@ def test_defaults_come_from_defaults_py_and_sampling_stays_unset() -> None:
         defaults.WINDOW,
         None,
     )
-    assert (config.device, config.dtype, config.evict) == (
+    assert (config.device, config.dtype, config.quantize, config.evict) == (
         defaults.DEVICE,
         defaults.DTYPE,
+        defaults.QUANTIZE,
         defaults.EVICTION_POLICY,
     )
     assert (config.temperature, config.top_p, config.top_k, config.min_p) == (None, None, None, None)
@@ -146,6 +147,7 @@ EVERY_OPTION = {
     "system": ("Be kind.", "Be kind."),
     "device": ("cpu", "cpu"),
     "dtype": ("float16", "float16"),
+    "quantize": ("int4", "int4"),
     "device_map": ("auto", "auto"),
     "evict": ("turn", "turn"),
     "read_all": ("true", True),
@@ -248,6 +250,7 @@ def test_bad_environment_values_name_the_variable(env: dict[str, str], message: 
         ({"continue_": "perhaps"}, "--continue perhaps: not a boolean (use 1/true/yes/on or 0/false/no/off)"),
         ({"max_new_tokens": 0}, "--max-new-tokens 0: must be >= 1"),
         ({"dtype": "fp16"}, "--dtype fp16: must be one of auto, float32, bfloat16, float16"),
+        ({"quantize": "int2"}, "--quantize int2: must be one of auto, none, int8, int4"),
         ({"output-format": "html"}, "--output-format html: must be one of text, jsonl, markdown"),
         ({"compile": "yes"}, "--compile yes: must be one of auto, on, off"),
         ({"model": ""}, "--model : must not be empty"),

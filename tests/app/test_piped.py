@@ -18,7 +18,9 @@ from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 from tests.support.processes import in_foreground
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+# float32 and unquantized, like the in-process session the transcripts are compared with
 OPTIONS = ["--max-new-tokens", "6", "--temperature", "0.8", "--seed", "7", "--window", "40"]
+OPTIONS += ["--dtype", "float32", "--quantize", "none"]
 
 
 def streamchat(model_dir, *args, stdin: bytes = b"", env=None):

@@ -87,7 +87,9 @@ def test_ppl_runs_only_the_policies_asked(tiny_model_dir, text_file, tmp_path):
 
 
 def test_speed_quick_on_a_random_preset_writes_the_table_the_csv_and_the_plot(tmp_path):
-    result = invoke("speed", "--quick", "--random-init", "tiny", "--out", str(tmp_path))
+    result = invoke(
+        "speed", "--quick", "--random-init", "tiny", "--dtype", "float32", "--quantize", "none", "--out", str(tmp_path)
+    )
     assert result.exit_code == 0, result.output
     assert "Decode speed: random tiny on cpu (float32), cache 4+60, median of 3 steps" in result.output
     assert "recompute / streaming latency, cache 64 (worst):" in result.output

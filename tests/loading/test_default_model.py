@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from streamchat import defaults
 from streamchat.loading import LoadOptions, load_model
+from streamchat.loading.device import detect_accelerators
 from streamchat.loading.resolve import packaged_gguf
 
 pytestmark = [
@@ -34,7 +35,10 @@ def test_the_default_model_converts_once_then_loads_from_the_copy():
     assert second.directory == first.directory
     assert (second.source.kind, second.source.name) == ("gguf", defaults.DEFAULT_MODEL)
     assert (second.model_type, second.parameters, second.max_context) == ("llama", 134_515_008, 8192)
-    assert (second.device, second.dtype) == (torch.device("cpu"), torch.float32)
+    # The run defaults on a CPU: bfloat16 where it is native (loading/device.py), int8 weights.
+    native_bf16 = detect_accelerators().cpu_bf16
+    assert (second.device, second.dtype) == (torch.device("cpu"), torch.bfloat16 if native_bf16 else torch.float32)
+    assert second.quantization == "int8"
     assert second.has_chat_template
 
     # The converted tokenizer is the one transformers builds from the GGUF itself.

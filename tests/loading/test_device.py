@@ -7,6 +7,7 @@ from streamchat.loading.device import (
     available_devices,
     choose_device,
     choose_dtype,
+    cpu_bf16_from_cpuinfo,
     is_device_name,
     is_dtype_name,
     plan_placement,
@@ -16,6 +17,7 @@ CPU_ONLY = Accelerators()
 AMPERE = Accelerators(cuda_devices=1, cuda_bf16=True)
 TWO_TURINGS = Accelerators(cuda_devices=2, cuda_bf16=False)
 APPLE = Accelerators(mps=True)
+BF16_CPU = Accelerators(cpu_bf16=True)
 
 
 @pytest.mark.parametrize(
@@ -28,7 +30,14 @@ def test_auto_prefers_cuda_then_mps_then_cpu(accelerators: Accelerators, device:
 
 @pytest.mark.parametrize(
     ("accelerators", "dtype"),
-    [(CPU_ONLY, "float32"), (AMPERE, "bfloat16"), (TWO_TURINGS, "float16"), (APPLE, "float16")],
+    [
+        (CPU_ONLY, "float32"),
+        (BF16_CPU, "bfloat16"),
+        (AMPERE, "bfloat16"),
+        (TWO_TURINGS, "float16"),
+        (APPLE, "float16"),
+        (Accelerators(cuda_devices=1, cuda_bf16=False, cpu_bf16=True), "float16"),
+    ],
 )
 def test_auto_dtype_follows_the_chosen_device(accelerators: Accelerators, dtype: str):
     device = choose_device("auto", accelerators)
@@ -165,3 +174,52 @@ def test_impossible_device_maps_are_config_errors(
     with pytest.raises(ConfigError) as raised:
         plan_placement(device, "auto", device_map, accelerators)
     assert str(raised.value) == message
+
+
+def test_an_explicit_dtype_wins_on_a_bf16_cpu():
+    assert choose_dtype("float32", "cpu", BF16_CPU) == "float32"
+    assert plan_placement("cpu", "auto", None, BF16_CPU) == Placement("cpu", "bfloat16", device_map="cpu")
+
+
+def x86_cpuinfo(*flag_lists: str) -> str:
+    """/proc/cpuinfo as x86 Linux writes it, one block per processor."""
+    blocks = [
+        f"processor\t: {index}\nmodel name\t: Some CPU\nflags\t\t: {flags}\nvmx flags\t: bf16 avx512_bf16\n"
+        for index, flags in enumerate(flag_lists)
+    ]
+    return "\n".join(blocks)
+
+
+ZEN4 = "fpu sse2 avx2 avx512f avx512bw avx512_vnni avx512_bf16"
+SAPPHIRE_RAPIDS = "fpu sse2 avx2 avx512f avx512bw amx_tile amx_bf16 amx_int8"
+SKYLAKE = "fpu sse2 avx2 avx512f avx512bw avx512_vnni"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [
+        (x86_cpuinfo(ZEN4, ZEN4), True),
+        (x86_cpuinfo(SAPPHIRE_RAPIDS), True),
+        (x86_cpuinfo(SKYLAKE, SKYLAKE), False),  # AVX-512 alone: torch converts bf16 to float32
+        (x86_cpuinfo(ZEN4, SKYLAKE), False),  # every core must have it
+        ("processor\t: 0\nvendor_id\t: GenuineIntel\n", False),  # no flags line: no claim
+        ("", False),
+    ],
+)
+def test_x86_bf16_comes_from_the_cpuinfo_flags(cpuinfo: str, native: bool):
+    assert cpu_bf16_from_cpuinfo(cpuinfo, "x86_64") is native
+
+
+GRAVITON_3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 svebf16 i8mm\nCPU implementer\t: 0x41\n"
+GRAVITON_2 = "processor\t: 0\nFeatures\t: fp asimd asimddp\nCPU implementer\t: 0x41\n"
+
+
+@pytest.mark.parametrize(("cpuinfo", "native"), [(GRAVITON_3, True), (GRAVITON_2, False)])
+def test_aarch64_bf16_comes_from_the_cpuinfo_features(cpuinfo: str, native: bool):
+    assert cpu_bf16_from_cpuinfo(cpuinfo, "aarch64") is native
+
+
+def test_flags_are_read_only_for_the_architecture_that_writes_them():
+    # An x86 flags line read on an unknown architecture proves nothing.
+    assert not cpu_bf16_from_cpuinfo(x86_cpuinfo(ZEN4), "riscv64")
+    assert not cpu_bf16_from_cpuinfo(GRAVITON_3, "x86_64")

@@ -43,7 +43,8 @@ def logits(loaded: LoadedModel) -> torch.Tensor:
 def test_a_gguf_loads_exactly_as_transformers_reads_it(tmp_path: Path):
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     notes: list[str] = []
-    loaded = load_model(LoadOptions(model=str(gguf)), notify=notes.append)
+    # float32 and unquantized, as transformers reads it: this test is about the conversion.
+    loaded = load_model(LoadOptions(model=str(gguf), dtype="float32", quantize="none"), notify=notes.append)
 
     assert len(notes) == 1
     assert loaded.source.kind == "gguf"

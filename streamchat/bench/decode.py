@@ -1,0 +1,411 @@
+"""`streamchat bench decode`: decode speed of streamchat against its anchors, side by side in one run.
+
+Same model, prompt and greedy decoding for every row:
+
+- streamchat's token loop (engine/decoder.py: draw, feed, read back) through the sink
+  cache, eager and with the decode step compiled, as `run` loads the model by default
+  and as `--dtype float32 --quantize none` (the issue's CPU baseline);
+- transformers' own generate() with a StaticCache on the same model: what a transformers
+  user gets (decode time: N tokens minus 1 token, both timed); on CUDA generate()
+  compiles the forward pass itself when the cache is static;
+- llama.cpp (llama-cpp-python, when installed) on the same GGUF file;
+- the memory-bandwidth limit: bytes read per token (weights, plus the KV cache at the
+  reply's middle) over a bandwidth measured on the spot with one large GEMV.
+
+A model is loaded (--model) or built from random weights in a known shape
+(--random-init, no download: for GPU figures). --full-cache fills the cache to its
+capacity before the reply, so every step reads the whole window, as in a long chat.
+Trials rotate through the rows, so load from other processes hits all of them alike;
+each row reports its median.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamchat import defaults
+from streamchat.bench.report import Check, Column, Row
+from streamchat.bench.sizes import require_at_least
+from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.engine.decoder import Decoder
+from streamchat.engine.sampling import Sampler
+from streamchat.engine.settings import GenerationSettings
+
+PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
+# The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
+DEFAULTS_VS_FLOAT32_MIN = 2.5
+DEFAULTS_VS_LLAMA_CPP_MAX = 2.5
+STREAMCHAT_VS_GENERATE_MAX = 1.0
+COMPILED_VS_EAGER_MIN = 2.5
+COMPILED_VS_LIMIT_MAX = 2.0
+# Bandwidth probe: a float32 matrix far larger than any CPU cache, read by one GEMV.
+BANDWIDTH_PROBE_BYTES = 512 * 2**20
+BANDWIDTH_PROBE_REPEATS = 5
+LLAMA_CPP_MIN_CONTEXT = 512
+STREAMCHAT, COMPILED, GENERATE = "streamchat", "streamchat compiled", "transformers generate() + StaticCache"
+
+
+@dataclass(frozen=True)
+class DecodeSizes:
+    max_new_tokens: int  # tokens per reply; decode speed counts all but the first
+    trials: int  # replies per row
+    window: int = defaults.WINDOW
+    sinks: int = defaults.SINKS
+    full_cache: bool = False  # a prompt that fills the cache, so every step reads the whole window
+
+    def __post_init__(self) -> None:
+        require_at_least("--max-new-tokens", self.max_new_tokens, 2)
+        require_at_least("--trials", self.trials, 1)
+
+
+FULL = DecodeSizes(max_new_tokens=64, trials=5)
+QUICK = DecodeSizes(max_new_tokens=6, trials=1, window=60)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a row's model is loaded: `run`'s own options."""
+
+    label: str
+    dtype: str
+    quantize: str
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A model to decode with, the prompt every row starts from, and how its weights are stored."""
+
+    model: Any
+    ids: torch.Tensor  # [1, n]
+    precision: str  # "bfloat16 int8", "float32"
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One row: an engine decoding with a model loaded as `setting` says."""
+
+    name: str
+    setting: Setting
+    # Seconds per decode step of one greedy reply of `max_new_tokens` tokens.
+    decode: Callable[[Subject, DecodeSizes], float]
+
+
+def run_defaults(dtype: str, quantize: str) -> Setting:
+    """`run`'s defaults, or the --dtype and --quantize the command was given."""
+    return Setting("run defaults", dtype, quantize)
+
+
+BASELINE = Setting("--dtype float32 --quantize none", "float32", "none")
+
+
+def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> list[Contender]:
+    """The rows, in table order: each is one entry."""
+    rows = [Contender(STREAMCHAT, defaults_setting, streamchat_decode)]
+    if compiled:
+        rows.append(Contender(COMPILED, defaults_setting, compiled_decode))
+    rows.append(Contender(GENERATE, defaults_setting, generate_decode))
+    if device_type == "cpu" and (defaults_setting.dtype, defaults_setting.quantize) != ("float32", "none"):
+        rows.append(Contender(STREAMCHAT, BASELINE, streamchat_decode))
+        rows.append(Contender(GENERATE, BASELINE, generate_decode))
+    return rows
+
+
+# ---- the engines --------------------------------------------------------------------------------
+
+
+def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str | None = None) -> float:
+    """Seconds per decode step of streamchat's token loop, greedy, after the prompt."""
+    model = subject.model
+    cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
+    decoder = Decoder(model, cache, compile_backend)
+    *_, (_, logits) = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
+    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
+    decoder.next()  # the first step: it compiles, when compiling
+    _synchronize(subject.device)
+    started = time.perf_counter()
+    for _ in range(sizes.max_new_tokens - 1):
+        decoder.next()
+    _synchronize(subject.device)
+    return (time.perf_counter() - started) / (sizes.max_new_tokens - 1)
+
+
+def compiled_decode(subject: Subject, sizes: DecodeSizes) -> float:
+    return streamchat_decode(subject, sizes, compile_backend="inductor")
+
+
+def generate_decode(subject: Subject, sizes: DecodeSizes) -> float:
+    """Seconds per decode step of generate() with a StaticCache: (time for N tokens - time for 1) / (N - 1)."""
+    ids = subject.ids
+
+    def timed(new_tokens: int) -> float:
+        _synchronize(subject.device)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            subject.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                cache_implementation="static",
+                pad_token_id=0,
+            )
+        _synchronize(subject.device)
+        return time.perf_counter() - started
+
+    return (timed(sizes.max_new_tokens) - timed(1)) / (sizes.max_new_tokens - 1)
+
+
+def prompt_ids(tokenizer: Any, device: torch.device) -> torch.Tensor:
+    """The chat prompt as the model's template renders it: ids [1, n]."""
+    messages = [{"role": "user", "content": PROMPT}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+
+
+def filling_ids(model: Any, sizes: DecodeSizes) -> torch.Tensor:
+    """Random ids [1, capacity]: a prompt that leaves the cache full when the reply starts."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    return torch.randint(vocab, (1, sizes.sinks + sizes.window), generator=generator).to(
+        model.get_input_embeddings().weight.device
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def default_gguf() -> Path | None:
+    """The default model's GGUF file, found without importing its package; None when it is not installed."""
+    spec = importlib.util.find_spec(defaults.DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / defaults.DEFAULT_MODEL_GGUF
+    return path if path.is_file() else None
+
+
+class LlamaCpp:
+    """llama.cpp on a GGUF file, greedy, with as many threads as torch uses."""
+
+    def __init__(self, gguf: Path, context: int) -> None:
+        from llama_cpp import Llama
+
+        self.gguf = gguf
+        # The prompt goes in one token at a time (n_batch 1), as every decode step does anyway: llama.cpp's
+        # AMX matmul for batches dies with SIGILL on VMs that list AMX but do not enable it (the CI machine).
+        self.llama = Llama(
+            model_path=str(gguf),
+            n_ctx=max(context, LLAMA_CPP_MIN_CONTEXT),
+            n_batch=1,
+            n_ubatch=1,
+            n_threads=torch.get_num_threads(),
+            verbose=False,
+        )
+
+    def decode(self, ids: list[int], sizes: DecodeSizes) -> float:
+        """Seconds per decode step: from the first generated token to the last."""
+        stamps = []
+        for _ in self.llama.generate(ids, temp=0.0, top_k=1, reset=True):
+            stamps.append(time.perf_counter())
+            if len(stamps) == sizes.max_new_tokens:
+                break
+        return (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
+
+
+def llama_cpp_gguf(model: str | None) -> tuple[Path | None, str]:
+    """The GGUF llama.cpp reads for `model`, or None and why there is no llama.cpp row."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None, "llama.cpp row skipped: llama-cpp-python is not installed (pip install 'streamchat[llamacpp]')"
+    if model is not None and model.endswith(".gguf"):
+        return Path(model), ""
+    if model not in (None, defaults.DEFAULT_MODEL):
+        return None, f"llama.cpp row skipped: {model} is not a GGUF file"
+    gguf = default_gguf()
+    return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
+
+
+# ---- the limit ------------------------------------------------------------------------------------
+
+
+def measure_bandwidth(device: torch.device) -> float:
+    """Bytes per second one large float32 GEMV reads on `device` (the best of a few)."""
+    columns = 4096
+    matrix = torch.rand(BANDWIDTH_PROBE_BYTES // 4 // columns, columns, device=device)
+    vector = torch.rand(columns, device=device)
+    best = float("inf")
+    for _ in range(BANDWIDTH_PROBE_REPEATS):
+        _synchronize(device)
+        started = time.perf_counter()
+        torch.mv(matrix, vector)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return matrix.numel() * matrix.element_size() / best
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer a decode step reads: all but the input embedding table.
+
+    Quantized tensors count by their storage (their inner tensors), not by their float shape.
+    """
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    tied = output is not None and getattr(output, "weight", None) is embedding
+    total = 0
+    seen: set[int] = set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in seen or (tensor is embedding and not tied):
+            continue
+        seen.add(id(tensor))
+        total += _storage_bytes(tensor)
+    return total
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None or type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return tensor.numel() * tensor.element_size()
+    names, _ = flatten()
+    return sum(_storage_bytes(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
+
+
+def kv_bytes_per_token(model: torch.nn.Module, context: int, element_bytes: int) -> int:
+    """Bytes of keys and values one decode step reads over `context` cached tokens."""
+    config = model.config.get_text_config(decoder=True)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * context * element_bytes
+
+
+def gguf_bytes_per_token(gguf: Path) -> int:
+    """Bytes of a GGUF file's tensors: llama.cpp reads all of them per token (a tied output reads the table)."""
+    from gguf import GGUFReader
+
+    return sum(int(tensor.n_bytes) for tensor in GGUFReader(gguf).tensors)
+
+
+# ---- rows, checks -------------------------------------------------------------------------------
+
+
+def columns() -> list[Column]:
+    return [
+        Column("engine", "engine"),
+        Column("setting", "model loaded as"),
+        Column("precision", "precision"),
+        Column("ms_per_token", "ms/token", "{:.1f}"),
+        Column("tokens_per_second", "tok/s", "{:.1f}"),
+        Column("limit_ms", "limit ms", "{:.1f}"),
+        Column("x_of_limit", "x of limit", "{:.2f}"),
+    ]
+
+
+def row(engine: str, setting: str, seconds: list[float], limit_seconds: float | None) -> Row:
+    median = statistics.median(seconds)
+    return {
+        "engine": engine,
+        "setting": setting,
+        "ms_per_token": median * 1000,
+        "tokens_per_second": 1 / median,
+        "limit_ms": None if limit_seconds is None else limit_seconds * 1000,
+        "x_of_limit": None if limit_seconds is None else median / limit_seconds,
+    }
+
+
+def checks(rows: list[Row], defaults_setting: str, device_type: str) -> list[Check]:
+    by_key = {(r["engine"], r["setting"]): r for r in rows}
+
+    def ms(engine: str, setting: str) -> float | None:
+        found = by_key.get((engine, setting))
+        return found["ms_per_token"] if found else None
+
+    found = []
+    ours, baseline = ms(STREAMCHAT, defaults_setting), ms(STREAMCHAT, BASELINE.label)
+    if device_type == "cpu" and ours and baseline and defaults_setting != BASELINE.label:
+        found.append(Check("run defaults / float32 decode speed", baseline / ours, DEFAULTS_VS_FLOAT32_MIN, False))
+    llama = next((r["ms_per_token"] for r in rows if r["engine"] == "llama.cpp"), None)
+    if ours and llama:
+        found.append(Check("run defaults / llama.cpp ms per token", ours / llama, DEFAULTS_VS_LLAMA_CPP_MAX, True))
+    compiled = by_key.get((COMPILED, defaults_setting))
+    if device_type == "cuda" and compiled and ours:
+        found.append(
+            Check("compiled / eager decode speed", ours / compiled["ms_per_token"], COMPILED_VS_EAGER_MIN, False)
+        )
+        found.append(Check("compiled ms per token / the limit", compiled["x_of_limit"], COMPILED_VS_LIMIT_MAX, True))
+    for (engine, setting), measured in by_key.items():
+        generate = ms(GENERATE, setting)
+        if engine in (STREAMCHAT, COMPILED) and generate:
+            name = f"{engine} / generate() ms per token, {setting}"
+            found.append(Check(name, measured["ms_per_token"] / generate, STREAMCHAT_VS_GENERATE_MAX, True))
+    return found
+
+
+def measure(
+    defaults_setting: Setting,
+    sizes: DecodeSizes,
+    subject_for: Callable[[Setting], Subject],
+    device_type: str,
+    compiled: bool,
+    gguf: Path | None,
+) -> list[Row]:
+    """Every row's median decode time over `sizes.trials` trials, the rows taking turns."""
+    rows = contenders(defaults_setting, device_type, compiled)
+    subjects: dict[str, Subject] = {}
+    for contender in rows:
+        if contender.setting.label not in subjects:
+            subjects[contender.setting.label] = subject_for(contender.setting)
+    first = subjects[defaults_setting.label]
+    context = first.ids.shape[-1] + sizes.max_new_tokens // 2  # tokens cached at the reply's middle
+    context = min(context, sizes.sinks + sizes.window)
+    # (engine, setting label, seconds per decode step of one reply of the given size)
+    runs: list[tuple[str, str, Callable[[DecodeSizes], float]]] = [
+        (
+            contender.name,
+            contender.setting.label,
+            lambda size, contender=contender: contender.decode(subjects[contender.setting.label], size),
+        )
+        for contender in rows
+    ]
+    if gguf is not None:
+        llama = LlamaCpp(gguf, first.ids.shape[-1] + sizes.max_new_tokens + 8)
+        prompt = first.ids[0].tolist()
+        runs.append(
+            ("llama.cpp", f"{gguf.name}, {torch.get_num_threads()} threads", lambda size: llama.decode(prompt, size))
+        )
+    # One short untimed reply each first: allocations, lazy imports, compiling, caches warm up untimed.
+    warm_up = DecodeSizes(2, 1, sizes.window, sizes.sinks, sizes.full_cache)
+    for _, _, run in runs:
+        run(warm_up)
+    seconds: list[list[float]] = [[] for _ in runs]
+    for trial in range(sizes.trials):
+        # Who goes first rotates, so warm-up and bursts of load favour no row.
+        order = list(range(len(runs)))
+        order = order[trial % len(order) :] + order[: trial % len(order)]
+        for index in order:
+            seconds[index].append(runs[index][2](sizes))
+    bandwidth = measure_bandwidth(first.device)
+    found = []
+    for (engine, label, _), measured in zip(runs, seconds, strict=True):
+        if engine == "llama.cpp":
+            limit = (gguf_bytes_per_token(gguf) + kv_bytes_per_token(first.model, context, 2)) / bandwidth
+            found.append(row(engine, label, measured, limit))
+            continue
+        subject = subjects[label]
+        element = torch.finfo(subject.model.dtype).bits // 8
+        limit = (
+            weight_bytes_per_token(subject.model) + kv_bytes_per_token(subject.model, context, element)
+        ) / bandwidth
+        found.append(row(engine, label, measured, limit) | {"precision": subject.precision})
+    return found

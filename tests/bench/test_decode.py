@@ -1,0 +1,130 @@
+"""`streamchat bench decode`: rows side by side, the limit, the checks, and the llama.cpp row's skip note."""
+
+import csv
+import importlib.util
+
+import torch
+from typer.testing import CliRunner
+
+from streamchat.bench import decode as bench
+from streamchat.bench.commands import bench_app
+from streamchat.loading.device import Accelerators
+from streamchat.loading.quantization import plan_quantization, quantize_model
+from tests.support.models import tiny_model
+
+DECODE_HEADER = ["engine", "setting", "precision", "ms_per_token", "tokens_per_second", "limit_ms", "x_of_limit"]
+
+
+def test_decode_quick_prints_every_row_and_writes_the_csv(tiny_model_dir, tmp_path):
+    out = tmp_path / "results"
+    result = CliRunner().invoke(
+        bench_app,
+        ["decode", "--quick", "--no-compiled", "--model", str(tiny_model_dir), "--device", "cpu", "--out", str(out)],
+        env={"COLUMNS": "250"},
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    with (out / "decode.csv").open(newline="", encoding="utf-8") as file:
+        reader = csv.DictReader(file)
+        header, rows = reader.fieldnames, list(reader)
+    assert header == DECODE_HEADER
+    assert [(row["engine"], row["setting"]) for row in rows] == [
+        ("streamchat", "run defaults"),
+        ("transformers generate() + StaticCache", "run defaults"),
+        ("streamchat", "--dtype float32 --quantize none"),
+        ("transformers generate() + StaticCache", "--dtype float32 --quantize none"),
+    ]
+    assert rows[2]["precision"] == "float32"
+    assert all(float(row["ms_per_token"]) > 0 and float(row["x_of_limit"]) > 0 for row in rows)
+    assert "streamchat / generate() ms per token, run defaults:" in result.output
+    assert "cache 4+60, median of 1" in result.output
+    # A model directory has no GGUF file for llama.cpp to read.
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama-cpp-python is not installed" in result.output
+    else:
+        assert "is not a GGUF file" in result.output
+
+
+def test_a_row_is_one_entry_in_the_list():
+    rows = bench.contenders(bench.run_defaults("auto", "auto"), "cpu", compiled=True)
+    assert [(row.name, row.setting.label) for row in rows] == [
+        ("streamchat", "run defaults"),
+        ("streamchat compiled", "run defaults"),
+        ("transformers generate() + StaticCache", "run defaults"),
+        ("streamchat", "--dtype float32 --quantize none"),
+        ("transformers generate() + StaticCache", "--dtype float32 --quantize none"),
+    ]
+    on_cuda = bench.contenders(bench.run_defaults("auto", "auto"), "cuda", compiled=True)
+    assert [row.name for row in on_cuda] == [
+        "streamchat",
+        "streamchat compiled",
+        "transformers generate() + StaticCache",
+    ]
+
+
+def test_random_weights_decode_a_full_cache_without_a_tokenizer(tmp_path):
+    out = tmp_path / "results"
+    arguments = ["decode", "--quick", "--no-compiled", "--random-init", "tiny", "--full-cache", "--dtype", "float32"]
+    result = CliRunner().invoke(
+        bench_app, [*arguments, "--quantize", "none", "--out", str(out)], env={"COLUMNS": "250"}, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "random tiny on cpu" in result.output and "cache 4+60 full" in result.output
+    with (out / "decode.csv").open(newline="", encoding="utf-8") as file:
+        assert [row["engine"] for row in csv.DictReader(file)] == [
+            "streamchat",
+            "transformers generate() + StaticCache",
+        ]
+
+
+def test_weight_bytes_count_what_a_step_reads():
+    model = tiny_model("llama")  # untied: the input embedding table is read one row at a time
+    embedding = model.get_input_embeddings().weight
+    everything = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert bench.weight_bytes_per_token(model) == everything - embedding.numel() * 4
+
+
+def test_quantized_weights_count_by_their_storage():
+    import copy
+
+    model = copy.deepcopy(tiny_model("llama", dtype=torch.bfloat16))
+    before = bench.weight_bytes_per_token(model)
+    quantize_model(model, plan_quantization("int8", "cpu", "bfloat16", Accelerators()))
+    after = bench.weight_bytes_per_token(model)
+    # int8 weights are half of bf16's bytes, plus one bf16 scale per output row.
+    assert 0.45 * before < after < 0.6 * before
+
+
+def test_kv_bytes_follow_the_config():
+    model = tiny_model("llama")  # 2 layers, 2 KV heads of 16 dims
+    assert bench.kv_bytes_per_token(model, context=100, element_bytes=2) == 2 * 2 * 2 * 16 * 100 * 2
+
+
+def test_checks_compare_the_rows_the_targets_name():
+    rows = [
+        {"engine": "streamchat", "setting": "run defaults", "ms_per_token": 20.0},
+        {"engine": "transformers generate() + StaticCache", "setting": "run defaults", "ms_per_token": 25.0},
+        {"engine": "streamchat", "setting": "--dtype float32 --quantize none", "ms_per_token": 60.0},
+        {"engine": "llama.cpp", "setting": "x.gguf", "ms_per_token": 10.0},
+    ]
+    found = {check.name: (check.value, check.met) for check in bench.checks(rows, "run defaults", "cpu")}
+    assert found == {
+        "run defaults / float32 decode speed": (3.0, True),
+        "run defaults / llama.cpp ms per token": (2.0, True),
+        "streamchat / generate() ms per token, run defaults": (0.8, True),
+    }
+
+
+def test_on_cuda_the_checks_are_compiled_against_eager_and_the_limit():
+    rows = [
+        {"engine": "streamchat", "setting": "run defaults", "ms_per_token": 20.0, "x_of_limit": 7.0},
+        {"engine": "streamchat compiled", "setting": "run defaults", "ms_per_token": 5.0, "x_of_limit": 1.75},
+        {"engine": "transformers generate() + StaticCache", "setting": "run defaults", "ms_per_token": 6.0},
+    ]
+    found = {check.name: (check.value, check.met) for check in bench.checks(rows, "run defaults", "cuda")}
+    assert found == {
+        "compiled / eager decode speed": (4.0, True),
+        "compiled ms per token / the limit": (1.75, True),
+        "streamchat / generate() ms per token, run defaults": (20 / 6, False),
+        "streamchat compiled / generate() ms per token, run defaults": (5 / 6, True),
+    }
