@@ -216,6 +216,7 @@ def keep(
     model: ModelOption = None,
     device: DeviceOption = defaults.DEVICE,
     dtype: DtypeOption = defaults.DTYPE,
+    quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -231,7 +232,7 @@ def keep(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)
         items = read_transcript_file(str(transcript), transcript_format="auto", turns="line")
         texts = bench.user_turns((item.text for item in items if isinstance(item, UserTurn)), sizes.turns)
-        loaded = _load(model, device, dtype)
+        loaded = _load(model, device, dtype, quantize)
         with out_of_memory_errors("--window"):
             conversation = bench.generate_conversation(
                 loaded.model,
