@@ -103,6 +103,8 @@ def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], Loade
         lockstep = Lockstep(group)
         config = _shared_config(config, lockstep)
 
+        _files_everywhere(config, lockstep)
+
         def load_shard(options: LoadOptions) -> LoadedModel:
             return load(dataclasses.replace(options, tp_size=ranks.world_size))
 
@@ -148,6 +150,20 @@ class _PeerFailed(BaseException):
 
 def _peer_failed(signum: int, frame: Any) -> None:
     raise _PeerFailed
+
+
+def _files_everywhere(config: RunConfig, lockstep: Any) -> None:
+    """Every rank fetches or converts the model's files, then waits (as long as it takes) for the others."""
+    import torch.distributed as dist
+
+    from streamchat.app.errors import notify
+    from streamchat.app.launch import load_options
+    from streamchat.distributed.lockstep import lost_ranks_reported
+    from streamchat.loading.loader import fetch_model_files
+
+    fetch_model_files(load_options(config), notify if lockstep.leads else lambda text: None)
+    with lost_ranks_reported(lockstep.rank, "waiting for every rank to have the model's files"):
+        dist.barrier(group=lockstep.group.requests)
 
 
 def _reported_by_launcher(run: Callable[[], int]) -> int:

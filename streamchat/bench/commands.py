@@ -184,7 +184,8 @@ def speed(
         with reported_errors():
             options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
             steps = steps or defaults.TP_BENCH_STEPS
-            raise typer.Exit(tp_speed(tp, options, window or defaults.WINDOW, steps, load_model, stderr.print))
+            code = tp_speed(tp, options, window or defaults.WINDOW, steps, load_model, stderr.print, random_init)
+        raise typer.Exit(code)
 
     with reported_errors():
         given = {"sinks": sinks, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}

@@ -45,12 +45,13 @@ def tp_speed(
     steps: int,
     load: Callable[[LoadOptions], LoadedModel],
     say: Callable[[str], None],
+    random_init: str | None = None,
 ) -> int:
     """Measure one process, then `world_size` (or join torchrun's ranks and measure those); the exit code."""
     from streamchat.distributed.group import ranks_from_env
 
-    if options.model is None:
-        raise ConfigError("--tp needs --model (a model directory, hub id, alias or GGUF file; not --random-init)")
+    if random_init is not None:
+        raise ConfigError("--tp loads --model's weights sharded: give --model instead of --random-init")
     options = dataclasses.replace(options, quantize="none")  # --tp shards unquantized weights
     ranks = ranks_from_env(os.environ)
     if ranks is None:

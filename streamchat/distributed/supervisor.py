@@ -164,7 +164,10 @@ def _watch(ranks: list[_Rank], report: Path) -> tuple[int, str | None]:
     cause = _cause(ranks) or ranks[0]
     # Rank 0 ends by itself when a step fails; waiting for the user, it is told (quietly: this line says why).
     _wait_all(ranks[:1], CAUSE_WAIT_SECONDS)
-    if leader.poll() is None:
+    code = leader.poll()
+    if code is not None and code > 0 and code != PeerLostError.exit_code:
+        return code, None  # every rank met the same error (a model --tp cannot split): rank 0 said it
+    if code is None:
         with contextlib.suppress(ProcessLookupError):
             leader.send_signal(PEER_FAILED_SIGNAL)
         _wait_all(ranks[:1], defaults.TP_EXIT_GRACE_SECONDS)

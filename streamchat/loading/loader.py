@@ -126,6 +126,16 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     )
 
 
+def fetch_model_files(options: LoadOptions, notify: Notify = _ignore) -> Path:
+    """Resolve `options.model` and download or convert its files, without loading it.
+
+    Under --tp every rank does this first, then waits for the others: a download that takes
+    longer on one machine must not run into the step timeout of the loading collectives.
+    """
+    source = resolve_model(options.model)
+    return _local_directory(source, options, notify)
+
+
 def _damaged_weights_remedy(source: ModelSource, directory: Path) -> str:
     """What to do about a damaged weight file in `directory`."""
     if source.kind == "gguf":

@@ -78,3 +78,9 @@ def test_the_ranks_get_torchruns_environment_on_a_free_loopback_port(tmp_path):
     assert env["OMP_NUM_THREADS"] == "3"  # the user's choice stands
     assert env[defaults.TP_REPORT_ENV] == str(tmp_path / "report")
     assert os.environ.get("RANK") is None  # the launcher's own environment is untouched
+
+
+def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
+    refused = "time.sleep({}); print('error: --tp 2: 9 heads do not split', file=sys.stderr); sys.exit(2)"
+    code, lines, _ = run(tmp_path, refused.format(0.3), refused.format(0))
+    assert (code, lines) == (2, [])
