@@ -90,46 +90,47 @@ def _launch(world_size: int) -> int:
 def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
     import torch
 
-    from streamchat.distributed.follower import follow
     from streamchat.distributed.group import device_type, join_group, leave_group, step_timeout
-    from streamchat.distributed.leader import LeaderSession
-    from streamchat.distributed.lockstep import Lockstep
 
     if not ranks.leads:
         _silenced()
     where = device_type(config.device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     group = join_group(ranks, where, step_timeout(os.environ))
-    try:
-        lockstep = Lockstep(group)
-        config = _shared_config(config, lockstep)
+    # Torn down only after a clean end: after a failure a peer may be gone or hung, and tearing the
+    # groups down would wait for it; this process's exit closes its connections anyway.
+    code = _as_rank(config, ranks, group, load)
+    leave_group()
+    return code
 
-        _files_everywhere(config, lockstep)
 
-        def load_shard(options: LoadOptions) -> LoadedModel:
-            return load(dataclasses.replace(options, tp_size=ranks.world_size))
+def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
+    from streamchat.app.launch import load_options, run_chat, session_for
+    from streamchat.distributed.follower import follow
+    from streamchat.distributed.leader import LeaderSession
+    from streamchat.distributed.lockstep import Lockstep
 
-        if ranks.leads:
-            from streamchat.app.launch import run_chat, session_for
+    lockstep = Lockstep(group)
+    config = _shared_config(config, lockstep)
+    _files_everywhere(config, lockstep)
 
-            leader: LeaderSession | None = None
+    def load_shard(options: LoadOptions) -> LoadedModel:
+        return load(dataclasses.replace(options, tp_size=ranks.world_size))
 
-            def build(config: RunConfig, loaded: LoadedModel) -> tuple[Any, None]:
-                nonlocal leader
-                leader = LeaderSession(session_for(config, loaded, channel=lockstep), lockstep)
-                return leader, None  # no cache states: each rank holds a shard of the cache
-
-            try:
-                return _reported_by_launcher(lambda: run_chat(config, load_shard, build))
-            finally:
-                if leader is not None:
-                    leader.close()
-        from streamchat.app.launch import load_options, session_for
-
-        loaded = load_shard(load_options(config))
-        follow(session_for(config, loaded, channel=lockstep), lockstep)
+    if not ranks.leads:
+        follow(session_for(config, load_shard(load_options(config)), channel=lockstep), lockstep)
         return 0
+    leader: LeaderSession | None = None
+
+    def build(config: RunConfig, loaded: LoadedModel) -> tuple[Any, None]:
+        nonlocal leader
+        leader = LeaderSession(session_for(config, loaded, channel=lockstep), lockstep)
+        return leader, None  # no cache states: each rank holds a shard of the cache
+
+    try:
+        return _reported_by_launcher(lambda: run_chat(config, load_shard, build))
     finally:
-        leave_group()
+        if leader is not None:
+            leader.close()
 
 
 def _shared_config(config: RunConfig, lockstep: Any) -> RunConfig:

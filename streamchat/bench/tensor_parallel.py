@@ -74,23 +74,22 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Ca
 
     where = device_type(options.device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     group = join_group(ranks, where, step_timeout(os.environ))
-    try:
-        lockstep = Lockstep(group)
-        loaded = load(dataclasses.replace(options, tp_size=ranks.world_size))
-        session = _session(loaded, window, steps, lockstep)
-        if not ranks.leads:
-            follow(session, lockstep)
-            return 0
-        leader = LeaderSession(session, lockstep)
-        try:
-            speed = measure(loaded, window, steps, leader)
-        finally:
-            leader.close()
-        backend = "nccl" if where == "cuda" else "gloo"
-        say(dataclasses.replace(speed, processes=ranks.world_size, backend=backend).line())
-        return 0
-    finally:
+    lockstep = Lockstep(group)
+    loaded = load(dataclasses.replace(options, tp_size=ranks.world_size))
+    session = _session(loaded, window, steps, lockstep)
+    if not ranks.leads:
+        follow(session, lockstep)
         leave_group()
+        return 0
+    leader = LeaderSession(session, lockstep)
+    try:
+        speed = measure(loaded, window, steps, leader)
+    finally:
+        leader.close()
+    backend = "nccl" if where == "cuda" else "gloo"
+    say(dataclasses.replace(speed, processes=ranks.world_size, backend=backend).line())
+    leave_group()  # only after a clean end (see app/tensor_parallel.py)
+    return 0
 
 
 def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) -> Any:

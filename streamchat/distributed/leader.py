@@ -19,7 +19,7 @@ from streamchat.distributed.lockstep import EXIT, Lockstep, Request, lost_ranks_
 from streamchat.engine.events import Event
 from streamchat.engine.session import ChatSession
 from streamchat.engine.session_file import read_session
-from streamchat.errors import OutOfMemoryError, RankLostError
+from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
 
 
 class LeaderSession:
@@ -29,6 +29,10 @@ class LeaderSession:
         self._session = session
         self._lockstep = lockstep
         self._closed = False
+        # The ranks are out of step (a peer is gone, or this rank failed): nothing more is sent.
+        self._broken = False
+        # A call was sent and has not finished here: the others are within it, not waiting for a request.
+        self._in_step = False
 
     def __getattr__(self, name: str) -> Any:
         # Reading the session (stats, transcript, settings, stop()) happens on rank 0 alone.
@@ -67,8 +71,9 @@ class LeaderSession:
         return None
 
     def close(self) -> None:
-        """Tell the other ranks to exit (once; quietly when they are gone already)."""
-        if not self._closed:
+        """Tell the other ranks to exit: once, and only when they wait for a request (else they end on their own
+        when this process exits: a broadcast to a rank that is gone, hung or mid-step could wait for ever)."""
+        if not (self._closed or self._broken or self._in_step):
             self._closed = True
             with suppress(RankLostError):
                 self._lockstep.send(Request(EXIT))
@@ -76,13 +81,17 @@ class LeaderSession:
     # ---- helpers ------------------------------------------------------------------------------
 
     def _everywhere(self, call: str, *args: Any) -> Any:
-        self._lockstep.send(Request(call, args))
-        with _fatal_failures(self._lockstep.rank):
+        self._in_step = True
+        with self._watched():
+            self._lockstep.send(Request(call, args))
             result = getattr(self._session, call)(*args)
-        return None if result is None else self._driven(result)
+        if result is None:
+            self._in_step = False
+            return None
+        return self._driven(result)
 
     def _driven(self, events: Iterator[Event]) -> Iterator[Event]:
-        with _fatal_failures(self._lockstep.rank):
+        with self._watched():
             for event in events:
                 try:
                     yield event
@@ -91,7 +100,21 @@ class LeaderSession:
                     self._session.stop()
                     for _ in events:
                         pass
+                    self._in_step = False
                     raise
+        self._in_step = False
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        try:
+            with _fatal_failures(self._lockstep.rank):
+                yield
+        except RankLostError:
+            self._broken = True
+            raise
+        except StreamchatError:
+            self._in_step = False  # every rank met it at the same point (a bad command): still in step
+            raise
 
 
 @contextmanager

@@ -152,32 +152,32 @@ def _watch(ranks: list[_Rank], report: Path) -> tuple[int, str | None]:
     A follower exits 0 only when rank 0 told it to: that may come a moment before rank 0 itself ends.
     """
     leader = ranks[0].process
-    while leader.poll() is None and _cause(ranks) is None:
+    while leader.poll() is None and not any(rank.process.poll() for rank in ranks[1:]):
         time.sleep(POLL_SECONDS)
     code = leader.returncode
-    if code is not None and code != PeerLostError.exit_code:
+    if code is not None and code >= 0 and code != PeerLostError.exit_code:
         # Rank 0 ended the run (or failed, and said so itself): the others were told to exit.
         _wait_all(ranks[1:], defaults.TP_EXIT_GRACE_SECONDS)
         return _exit_code(code), None
-    # A rank failed, or rank 0 lost the others: wait a moment for the rank that caused it to show.
+    # A rank failed or hung: give the rank that caused it a moment to show (its exit, rank 0's own report).
     _wait_all(ranks, CAUSE_WAIT_SECONDS, until=lambda: _cause(ranks) is not None)
-    cause = _cause(ranks) or ranks[0]
-    # Rank 0 ends by itself when a step fails; waiting for the user, it is told (quietly: this line says why).
-    _wait_all(ranks[:1], CAUSE_WAIT_SECONDS)
+    cause = _cause(ranks)
+    _wait_all(ranks[:1], CAUSE_WAIT_SECONDS)  # rank 0 ends by itself when a step fails, or when it errs too
     code = leader.poll()
-    if code is not None and code > 0 and code != PeerLostError.exit_code:
+    if cause is not None and code is not None and code > 0 and code != PeerLostError.exit_code:
         return code, None  # every rank met the same error (a model --tp cannot split): rank 0 said it
-    if code is None:
+    why = _why(cause, report) if cause is not None else _hung(ranks, report)
+    if cause is not None and code is None:
+        # Rank 0 waits for the user, or in a step it will give up on: end it now, quietly (the line says why).
         with contextlib.suppress(ProcessLookupError):
             leader.send_signal(PEER_FAILED_SIGNAL)
         _wait_all(ranks[:1], defaults.TP_EXIT_GRACE_SECONDS)
-    code = cause.process.returncode
-    failed = code is not None and 0 < code < 128 and code != PeerLostError.exit_code
-    return (code if failed else RankLostError.exit_code), _why(cause, report)
+    failed = cause is not None and 0 < (cause.process.returncode or 0) < 128
+    return (cause.process.returncode if failed else RankLostError.exit_code), why
 
 
 def _cause(ranks: list[_Rank]) -> _Rank | None:
-    """A follower that ended for a reason of its own: killed, or failed (not because it lost the others)."""
+    """A rank that ended for a reason of its own: killed, or failed (not because it lost the others)."""
     for rank in ranks[1:]:
         code = rank.process.poll()
         if code is not None and code not in (0, PeerLostError.exit_code):
@@ -188,13 +188,21 @@ def _cause(ranks: list[_Rank]) -> _Rank | None:
     return None
 
 
+def _hung(ranks: list[_Rank], report: Path) -> str:
+    """Why the run ended when no rank failed by itself: some stopped answering, and the others gave up on them."""
+    silent = [rank.rank for rank in ranks if rank.process.poll() is None]
+    if ranks[0].process.poll() is None:
+        noticed = next((rank.last_line() for rank in ranks[1:] if rank.last_line()), "")
+    else:
+        noticed = report.read_text(errors="replace").strip() if report.is_file() else ""
+    who = " and ".join(f"rank {rank}" for rank in silent) or "a rank"
+    return f"{who} stopped answering" + (f" ({noticed.removeprefix('error: ')})" if noticed else "")
+
+
 def _why(rank: _Rank, report: Path) -> str:
     code = rank.process.returncode
     if code is not None and code < 0:
         return f"rank {rank.rank} was killed by {signal.Signals(-code).name}; every rank stopped"
-    if code == PeerLostError.exit_code:
-        said = report.read_text(errors="replace").strip() if report.is_file() else rank.last_line()
-        return said or f"rank {rank.rank} lost the other ranks; every rank stopped"
     said = rank.last_line().removeprefix("error: ")
     if said:
         return said if said.startswith(f"rank {rank.rank}") else f"rank {rank.rank}: {said}"

@@ -128,26 +128,37 @@ def test_the_repl_under_tp_2_takes_a_turn_a_reset_a_turn_and_ctrl_d(tiny_chat_mo
 
 
 @pytest.mark.multiprocess
-def test_a_rank_killed_mid_reply_ends_the_run_with_one_line_within_30_seconds(tiny_chat_model, tmp_path):
+@pytest.mark.parametrize(
+    ("rank", "sent", "line"),
+    [
+        ("1", signal.SIGKILL, "error: rank 1 was killed by SIGKILL; every rank stopped"),
+        ("0", signal.SIGKILL, "error: rank 0 was killed by SIGKILL; every rank stopped"),
+        # A hung rank: the others give up on it after the step timeout (3 s here).
+        ("1", signal.SIGSTOP, "error: rank 1 stopped answering (rank 0 lost the other ranks while "),
+    ],
+    ids=["rank 1 killed", "rank 0 killed", "rank 1 hung"],
+)
+def test_a_rank_killed_or_hung_mid_reply_ends_the_run_with_one_line_within_30_seconds(
+    tiny_chat_model, tmp_path, rank, sent, line
+):
     command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--tp", "2"]
     command += ["--max-new-tokens", "1000000"]  # the tiny model never ends a reply by itself
-    launcher = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=rank_env(tmp_path)
-    )
+    env = {**rank_env(tmp_path), "STREAMCHAT_TP_STEP_TIMEOUT": "3"}
+    launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     launcher.stdin.write(b"Talk for a long time.\n")
     launcher.stdin.close()
     assert launcher.stdout.read(len(b"USER: Talk for a long time.\n\nASSISTANT: ")).startswith(b"USER:")
     launcher.stdout.read(20)  # the reply is streaming: both ranks are decoding
     ranks = descendants(launcher.pid)
-    follower = next(rank for rank in ranks if rank.environ().get("RANK") == "1")
-    killed = time.monotonic()
-    follower.send_signal(signal.SIGKILL)
+    victim = next(process for process in ranks if process.environ().get("RANK") == rank)
+    sent_at = time.monotonic()
+    victim.send_signal(sent)
     launcher.stdout.read()
     stderr = launcher.stderr.read().decode()
     launcher.wait(timeout=30)
-    assert time.monotonic() - killed < 30
+    assert time.monotonic() - sent_at < 30
     assert launcher.returncode == 9
-    assert stderr.strip().splitlines() == ["error: rank 1 was killed by SIGKILL; every rank stopped"]
+    assert len(stderr.strip().splitlines()) == 1 and stderr.startswith(line), stderr
     assert_all_gone(ranks)
 
 

@@ -55,13 +55,13 @@ def test_rank_0_ending_the_run_ends_it_quietly_with_its_exit_code(tmp_path):
     assert (code, lines) == (7, [])
 
 
-def test_when_rank_0_lost_a_hung_rank_its_report_is_the_line(tmp_path):
+def test_a_rank_that_stops_answering_is_named_with_what_rank_0_saw(tmp_path):
     report = (
         f"pathlib.Path(os.environ['{defaults.TP_REPORT_ENV}']).write_text('rank 0 lost the other ranks: timed out')"
     )
     code, lines, _ = run(tmp_path, f"{report}; sys.exit({PeerLostError.exit_code})", "time.sleep(60)")
     assert code == RankLostError.exit_code
-    assert lines == ["rank 0 lost the other ranks: timed out"]
+    assert lines == ["rank 1 stopped answering (rank 0 lost the other ranks: timed out)"]
     assert_all_gone(tmp_path)
 
 
@@ -84,3 +84,14 @@ def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
     refused = "time.sleep({}); print('error: --tp 2: 9 heads do not split', file=sys.stderr); sys.exit(2)"
     code, lines, _ = run(tmp_path, refused.format(0.3), refused.format(0))
     assert (code, lines) == (2, [])
+
+
+def test_when_rank_0_stops_answering_the_line_says_so_with_what_another_rank_saw(tmp_path):
+    gave_up = (
+        f"print('error: rank 1 lost the other ranks: timed out', file=sys.stderr); sys.exit({PeerLostError.exit_code})"
+    )
+    code, lines, seconds = run(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)", gave_up)
+    assert code == RankLostError.exit_code
+    assert lines == ["rank 0 stopped answering (rank 1 lost the other ranks: timed out)"]
+    assert seconds < 30  # rank 0 ignored SIGTERM: it was killed after the grace period
+    assert_all_gone(tmp_path)
