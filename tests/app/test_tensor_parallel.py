@@ -128,6 +128,45 @@ def test_the_repl_under_tp_2_takes_a_turn_a_reset_a_turn_and_ctrl_d(tiny_chat_mo
 
 
 @pytest.mark.multiprocess
+def test_ctrl_c_regen_set_and_system_under_tp_2_keep_every_rank_in_step(tiny_chat_model, tmp_path):
+    env = {**rank_env(tmp_path), "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--tp", "2"]
+    chat = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    try:
+        chat.expect_exact("streamchat 0.1.0")
+        ranks = descendants(chat.pid)
+        chat.expect_exact("›")
+        chat.send("/set max_new_tokens 100000\r")
+        chat.expect_exact("max_new_tokens = 100000")
+        chat.expect_exact("›")
+        chat.send("Now talk for a long time.\r")
+        chat.expect(r"forgot \d+ tokens?")
+        chat.sendintr()
+        chat.sendintr()  # a second Ctrl-C stops the reply too: it never tears a step off on rank 0 alone
+        chat.expect_exact("· stopped")
+        chat.expect_exact("›")
+        chat.send("/set max_new_tokens 5\r")
+        chat.expect_exact("max_new_tokens = 5")
+        chat.expect_exact("›")
+        chat.send("/regen\r")
+        chat.expect_exact("5 tokens ·")
+        chat.expect_exact("›")
+        chat.send("/system Be brief.\r")
+        chat.expect(r"replayed 2 messages \([\d,]+ tokens\)")
+        chat.expect_exact("›")
+        chat.send("Are you still there?\r")
+        chat.expect_exact("5 tokens ·")
+        chat.expect_exact("›")
+        chat.sendcontrol("d")
+        chat.expect(r"3 turns · ")
+        chat.expect(pexpect.EOF)
+    finally:
+        chat.close(force=True)
+    assert chat.exitstatus == 0
+    assert_all_gone(ranks)
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("rank", "sent", "line"),
     [
