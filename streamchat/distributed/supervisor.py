@@ -103,6 +103,8 @@ def supervise(world_size: int, command: Sequence[str], report_line: Callable[[st
 
             signal.signal(signal.SIGTERM, forward)
             signal.signal(signal.SIGHUP, forward)
+            # Ctrl-C at a terminal reaches rank 0 directly (its foreground process group); a `kill -INT` is passed on.
+            signal.signal(signal.SIGINT, signal.SIG_IGN if _terminal_interrupts_rank_0() else forward)
             code, why = _watch(ranks, report)
         finally:
             for rank in ranks:
@@ -120,7 +122,7 @@ def supervise(world_size: int, command: Sequence[str], report_line: Callable[[st
 def _start(command: list[str], env: dict[str, str], rank: int, scratch: str) -> _Rank:
     if rank == 0:
         # The terminal's: stdin, stdout, stderr and the foreground process group. Dies with a hangup.
-        process = subprocess.Popen(command, env=env, preexec_fn=_dies_with_parent(signal.SIGHUP))
+        process = subprocess.Popen(command, env=env, preexec_fn=_as_rank_0)
         return _Rank(rank, process, None)
     stderr = open(Path(scratch) / f"rank{rank}.err", "w+b")  # noqa: SIM115 - closed by supervise
     process = subprocess.Popen(
@@ -133,6 +135,22 @@ def _start(command: list[str], env: dict[str, str], rank: int, scratch: str) -> 
         preexec_fn=_dies_with_parent(signal.SIGKILL),
     )
     return _Rank(rank, process, stderr)
+
+
+def _as_rank_0() -> None:
+    # The launcher ignores SIGINT, and an ignored signal survives exec: Ctrl-C is rank 0's to handle.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    arrange = _dies_with_parent(signal.SIGHUP)
+    if arrange is not None:
+        arrange()
+
+
+def _terminal_interrupts_rank_0() -> bool:
+    """Whether a Ctrl-C typed at this terminal is delivered to rank 0 already (it shares our process group)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
 
 
 def _dies_with_parent(signum: int) -> Callable[[], None] | None:

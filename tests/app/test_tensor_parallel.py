@@ -201,6 +201,26 @@ def test_a_rank_killed_or_hung_mid_reply_ends_the_run_with_one_line_within_30_se
     assert_all_gone(ranks)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_stops_the_reply_and_ends_every_rank(tiny_chat_model, tmp_path, sent, code):
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--tp", "2"]
+    command += ["--max-new-tokens", "1000000"]
+    launcher = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=rank_env(tmp_path)
+    )
+    launcher.stdin.write(b"Talk for a long time.\nAnd again.\n")
+    launcher.stdin.flush()
+    launcher.stdout.read(len(b"USER: Talk for a long time.\n\nASSISTANT: ") + 20)
+    ranks = descendants(launcher.pid)
+    launcher.send_signal(sent)
+    stdout = launcher.stdout.read().decode()
+    launcher.wait(timeout=30)
+    assert launcher.returncode == code
+    assert stdout.endswith("\n") and "And again." not in stdout  # the reply ended whole, and the run with it
+    assert_all_gone(ranks)
+
+
 def test_tp_alone_means_as_many_ranks_as_torchrun_started():
     assert with_optional_tp_value(["run", "--tp"]) == ["run", "--tp", "auto"]
     assert with_optional_tp_value(["run", "--tp", "--model", "x"]) == ["run", "--tp", "auto", "--model", "x"]

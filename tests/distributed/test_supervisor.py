@@ -5,10 +5,13 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from streamchat import defaults
 from streamchat.distributed.supervisor import free_port, rank_environment, supervise
 from streamchat.errors import OutOfMemoryError, PeerLostError, RankLostError
+
+pytestmark = pytest.mark.multiprocess
 
 # Each stand-in rank runs the line for its RANK; rank 0 writes its pid where the test can find it.
 SCRIPT = """
