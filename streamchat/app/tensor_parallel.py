@@ -71,6 +71,12 @@ def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedM
                 "--tp without a number joins the processes torchrun started, and this is not one: run "
                 "`torchrun --nproc-per-node N -m streamchat run --tp ...`, or give --tp N to start N here"
             )
+        from streamchat.app.errors import notify
+        from streamchat.app.launch import load_options
+        from streamchat.loading.loader import check_shardable
+
+        # Once, here: the ranks find the files in place, and a model they cannot shard is refused once.
+        check_shardable(dataclasses.replace(load_options(config), tp_size=config.tp), notify)
         return _launch(config.tp)
     if config.tp not in (defaults.TP_AUTO, ranks.world_size):
         raise ConfigError(f"--tp {config.tp}: torchrun started {ranks.world_size} processes; give --tp alone")

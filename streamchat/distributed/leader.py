@@ -21,6 +21,9 @@ from streamchat.engine.session import ChatSession
 from streamchat.engine.session_file import read_session
 from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
 
+# Why a conversation gone on with under --tp is replayed (shown as "not resumed exactly, replayed: ...").
+NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cache)"
+
 
 class LeaderSession:
     """A ChatSession whose conversation moves on every rank at once."""
@@ -64,7 +67,7 @@ class LeaderSession:
 
     def load(self, path: Path, key: Any = None) -> Iterator[Event]:
         """Read the file here (the other machines may not have it) and send what it holds; always replayed."""
-        return self._everywhere("load_saved", read_session(path))
+        return self._everywhere("load_saved", read_session(path), NOT_RESUMED)
 
     def save_state(self, path: Path, key: Any) -> int | None:
         """No cache state under --tp: each rank holds a shard of the cache; --continue replays."""

@@ -136,6 +136,17 @@ def fetch_model_files(options: LoadOptions, notify: Notify = _ignore) -> Path:
     return _local_directory(source, options, notify)
 
 
+def check_shardable(options: LoadOptions, notify: Notify = _ignore) -> None:
+    """Before any rank starts: fetch the files, and refuse a model --tp cannot shard over options.tp_size ranks."""
+    ensure_no_device_map(options.device_map)
+    tensor_parallel_quantization(options.quantize)
+    source = resolve_model(options.model)
+    directory = _local_directory(source, options, notify)
+    config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
+    ensure_tensor_parallel_plan(config, source.name)
+    ensure_heads_split(config, options.tp_size, source.name)
+
+
 def _damaged_weights_remedy(source: ModelSource, directory: Path) -> str:
     """What to do about a damaged weight file in `directory`."""
     if source.kind == "gguf":

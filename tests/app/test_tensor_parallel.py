@@ -243,3 +243,19 @@ def test_what_tp_cannot_do_is_refused_in_one_line_before_any_rank_starts(tiny_ch
     assert result.returncode == 2
     assert len(result.stderr.decode().strip().splitlines()) == 1
     assert result.stderr.decode().startswith(message)
+
+
+def test_a_model_without_a_tensor_parallel_plan_is_refused_in_one_line_naming_those_with_one(tmp_path):
+    from tests.support.models import tiny_model
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    tiny_model("stablelm", vocab_size=700).save_pretrained(tmp_path / "stablelm")
+    byte_level_tokenizer().save_pretrained(tmp_path / "stablelm")
+    command = [sys.executable, "-m", "streamchat", "run", "--model", str(tmp_path / "stablelm"), "--tp", "2"]
+    result = subprocess.run(command, input=b"Hi\n", capture_output=True, timeout=TIMEOUT)
+    assert result.returncode == 5
+    assert result.stderr.decode().splitlines() == [
+        f"error: {tmp_path / 'stablelm'} (stablelm) has no tensor-parallel plan in transformers, so --tp cannot "
+        "shard it; model types with one: cohere, gemma, gemma2, gemma3_text, gpt_neox, granite, llama, mistral, "
+        "mixtral, olmo2, phi, phi3, qwen2, qwen3, starcoder2"
+    ]

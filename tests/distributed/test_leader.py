@@ -2,9 +2,9 @@
 
 import pytest
 
-from streamchat.distributed.leader import LeaderSession
+from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
 from streamchat.distributed.lockstep import EXIT, Request
-from streamchat.engine.events import TextDelta, TurnFinished
+from streamchat.engine.events import NotResumed, Replayed, TextDelta, TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.session_file import read_session
 from streamchat.engine.settings import GenerationSettings
@@ -65,8 +65,9 @@ def test_load_sends_what_the_file_holds_and_writes_no_cache_state(tmp_path):
     saved = tmp_path / "kept.json"
     session.save(saved)
     assert session.save_state(tmp_path / "state", key=object()) is None  # each rank holds a shard
-    list(session.load(saved, key=object()))
-    assert wire.sent[-1] == Request("load_saved", (read_session(saved),))
+    events = list(session.load(saved, key=object()))
+    assert wire.sent[-1] == Request("load_saved", (read_session(saved), NOT_RESUMED))
+    assert NotResumed(NOT_RESUMED) in events and isinstance(events[-1], Replayed)
 
 
 def test_a_turn_abandoned_on_rank_0_is_stopped_and_finished_as_on_the_other_ranks():
