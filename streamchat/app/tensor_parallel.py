@@ -117,6 +117,9 @@ def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOpti
 
     lockstep = Lockstep(group)
     config = _shared_config(config, lockstep)
+    if config.compile == "auto":
+        # Compiling a sharded model's step (CUDA graphs around NCCL collectives) has not been tried: eager.
+        config = dataclasses.replace(config, compile="off")
     _files_everywhere(config, lockstep)
 
     def load_shard(options: LoadOptions) -> LoadedModel:

@@ -28,6 +28,9 @@ NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cach
 class LeaderSession:
     """A ChatSession whose conversation moves on every rank at once."""
 
+    # The app asks: a second Ctrl-C must not tear a step off here alone (app/launch.py).
+    in_lockstep = True
+
     def __init__(self, session: ChatSession, lockstep: Lockstep) -> None:
         self._session = session
         self._lockstep = lockstep

@@ -144,6 +144,7 @@ def test_ctrl_c_regen_set_and_system_under_tp_2_keep_every_rank_in_step(tiny_cha
         chat.sendintr()
         chat.sendintr()  # a second Ctrl-C stops the reply too: it never tears a step off on rank 0 alone
         chat.expect_exact("· stopped")
+        assert "abandoned" not in chat.before
         chat.expect_exact("›")
         chat.send("/set max_new_tokens 5\r")
         chat.expect_exact("max_new_tokens = 5")

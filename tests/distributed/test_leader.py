@@ -120,3 +120,9 @@ def test_a_collective_that_fails_because_a_peer_died_is_a_peer_lost_error():
     assert str(raised.value) == (
         "rank 0 lost the other ranks while running a step: Connection closed by peer [127.0.0.1]:21633"
     )
+
+
+def test_the_app_is_told_that_a_second_ctrl_c_must_not_tear_a_step():
+    session, _ = leader()
+    assert session.in_lockstep
+    assert not getattr(session._session, "in_lockstep", False)
