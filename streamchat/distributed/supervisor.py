@@ -241,6 +241,7 @@ def _end(process: subprocess.Popen[bytes]) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
+        process.send_signal(signal.SIGCONT)  # a stopped (hung) rank handles SIGTERM only once it runs again
     try:
         process.wait(defaults.TP_EXIT_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
