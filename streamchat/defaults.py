@@ -89,3 +89,19 @@ PPL_KEEP = 60
 # display: replies per side (the median of each side counts), and tokens per reply.
 DISPLAY_TRIALS = 5
 DISPLAY_MAX_NEW_TOKENS = 96
+
+# Tensor parallelism (`--tp`, streamchat/distributed): how long a rank waits on the others
+# inside one step (a forward pass, a token) before it gives up on them, and how long a
+# follower waits for rank 0's next request (rank 0 waits for the user, maybe for days).
+TP_STEP_TIMEOUT_SECONDS = 60
+TP_REQUEST_TIMEOUT_SECONDS = 30 * 24 * 3600
+# How long the --tp N launcher gives the other ranks to exit after one has ended, before it kills them.
+TP_EXIT_GRACE_SECONDS = 5
+TP_STEP_TIMEOUT_ENV = "STREAMCHAT_TP_STEP_TIMEOUT"
+# `--tp` alone: as many ranks as torchrun started.
+TP_AUTO = "auto"
+# Set by the --tp N launcher in each rank it starts: rank 0 then leaves the one-line report
+# of a lost rank to the launcher, in the file this names.
+TP_REPORT_ENV = "STREAMCHAT_TP_REPORT"
+# bench speed --tp: decode steps timed in one reply.
+TP_BENCH_STEPS = 64

@@ -80,3 +80,13 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, MemoryError):
         return True
     return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY_WORDING)
+
+
+class RankLostError(StreamchatError):
+    """Under tensor parallelism, another rank died, hung or failed: the ranks can no longer run in lockstep."""
+
+    exit_code = 9
+
+
+class PeerLostError(RankLostError):
+    """This rank is fine, but another one died or stopped answering (the other rank's failure is the news)."""

@@ -27,7 +27,7 @@ from streamchat.engine.cache_file import StateKey
 from streamchat.engine.events import Event, StopReason, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
-from streamchat.errors import CommandError, StreamchatError
+from streamchat.errors import CommandError, RankLostError, StreamchatError
 
 
 @dataclass
@@ -43,6 +43,7 @@ class ChatApp:
         self.turns = 0
         self.last_turn: TurnFinished | None = None
         self._stop_reason: StopReason | None = None  # of a reply the journal has not recorded yet
+        self.abandon_on_second_interrupt = True
 
     def run(self, resume: Path | None = None) -> int:
         """Chat until the user leaves; first go on with the conversation saved at `resume`, if given."""
@@ -59,6 +60,8 @@ class ChatApp:
                             self.turn(self.session.chat(item.text))
                     elif self.command(item) is commands.Quit:
                         break
+                except RankLostError:
+                    raise
                 except StreamchatError as error:
                     self.display.error(str(error))
                 finally:
@@ -75,11 +78,14 @@ class ChatApp:
 
     def turn(self, events: Iterator[Event]) -> None:
         try:
-            with termination_deferred(self.session.stop), _stop_on_interrupt(self.session), keys_held():
+            stopping = _stop_on_interrupt(self.session, self.abandon_on_second_interrupt)
+            with termination_deferred(self.session.stop), stopping, keys_held():
                 self.display.show(self._counted(events))
         except KeyboardInterrupt:
             self.display.notice("reply abandoned; rebuilding the cache from the transcript")
             self.display.show(self.session.recover())
+        except RankLostError:
+            raise  # under --tp, the ranks are out of step: the run ends
         except StreamchatError as error:
             # A turn that failed half way (out of memory, say) must not leave the cache torn.
             self.display.error(str(error))
@@ -219,14 +225,14 @@ def _kept_description(keep: str | int, kept: int) -> str:
 
 
 @contextmanager
-def _stop_on_interrupt(session: ChatSession) -> Iterator[None]:
-    """First Ctrl-C: stop the reply after the current token. Second: KeyboardInterrupt."""
+def _stop_on_interrupt(session: ChatSession, abandon: bool = True) -> Iterator[None]:
+    """First Ctrl-C: stop the reply after the current token. Second: KeyboardInterrupt, if `abandon`."""
     presses = 0
 
     def on_interrupt(signum: int, frame: Any) -> None:
         nonlocal presses
         presses += 1
-        if presses > 1:
+        if presses > 1 and abandon:
             raise Interrupted
         session.stop()
 

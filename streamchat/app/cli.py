@@ -27,6 +27,7 @@ from streamchat.app.launch import data_dir, load_options, run_chat
 from streamchat.app.listings import catalog_record, models_table, session_record, sessions_table
 from streamchat.app.safe_text import safe_text
 from streamchat.app.tables import print_table
+from streamchat.app.tensor_parallel import TpOption, run_tensor_parallel, wants_tensor_parallel, with_optional_tp_value
 from streamchat.bench.commands import bench_app
 from streamchat.engine.session_file import list_sessions
 from streamchat.loading import LoadedModel, LoadOptions, load_model
@@ -115,6 +116,7 @@ AllowPickleOption = Annotated[
 def main() -> None:
     """The console script: signals become exceptions, so that every way out runs the same cleanup."""
     signals.install()
+    sys.argv[1:] = with_optional_tp_value(sys.argv[1:])
     try:
         app()
     except signals.Terminated as terminated:  # outside any command's own handling (option parsing)
@@ -267,6 +269,7 @@ def run(
         str | None, _run_option(QUANTIZE_HELP, "Model", metavar=f"[{'|'.join(defaults.QUANTIZATIONS)}]")
     ] = None,
     device_map: DeviceMapOption = None,
+    tp: TpOption = None,
     compile: Annotated[
         str | None,
         _run_option(
@@ -352,7 +355,7 @@ def run(
         config = resolve_run_config(given, os.environ, find_config_file(os.environ))
     try:
         with reported_errors():
-            code = run_chat(config, _load)
+            code = run_tensor_parallel(config, _load) if wants_tensor_parallel(config) else run_chat(config, _load)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

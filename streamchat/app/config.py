@@ -156,6 +156,8 @@ class RunConfig:
     output_format: OutputFormat = defaults.OUTPUT_FORMAT
     continue_: bool = False  # the option `continue` (a Python keyword): go on with the most recent session
     resume: str | None = None  # a session file or id to go on with
+    # Tensor parallelism: N ranks (this command starts them), "auto" (join torchrun's), None or 1: one process.
+    tp: int | str | None = None
 
     def __post_init__(self) -> None:
         # Direct construction (tests, other commands) gets the same checks as resolve_run_config.
@@ -175,6 +177,18 @@ def _keep(raw: object) -> str | int:
         number = -1
     if number < 0:
         raise ValueError(f"must be {defaults.KEEP_SYSTEM!r} (the system turn) or a whole number of first tokens >= 0")
+    return number
+
+
+def _tp(raw: object) -> int | str:
+    if raw == defaults.TP_AUTO:
+        return defaults.TP_AUTO
+    try:
+        number = _integer(raw)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"must be a number of ranks >= 1, or {defaults.TP_AUTO!r} (as many as torchrun started)")
     return number
 
 
@@ -213,6 +227,7 @@ _CONVERTERS: dict[str, Converter] = {
     "output_format": _one_of(OUTPUT_FORMATS),
     "continue": _boolean,
     "resume": _checked(_text, bool, "must not be empty"),
+    "tp": _tp,
 }
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
     from streamchat.engine.cache_file import StateKey
+    from streamchat.engine.decoder import StepChannel
     from streamchat.engine.journal import Journal
     from streamchat.engine.session import ChatSession
 
@@ -49,7 +50,12 @@ def data_dir() -> Path:
     )
 
 
-def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> int:
+# Builds the session a run drives from the model loaded, and what its cache states are valid for
+# (None: none are written or restored). Tensor parallelism builds rank 0's (app/tensor_parallel.py).
+SessionFactory = Callable[[RunConfig, LoadedModel], "tuple[ChatSession, StateKey | None]"]
+
+
+def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], build: SessionFactory | None = None) -> int:
     """Chat or play a transcript with `config`; `load(options)` loads the model (the CLI's loader)."""
     interactive = config.transcript is None and sys.stdin.isatty() and sys.stdout.isatty()
     # Opened and read up to its first item before the model loads, so that a missing, empty or
@@ -60,8 +66,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
     # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
     with keys_held() if interactive else nullcontext():
         loaded = load(load_options(config))
-        session = _session(config, loaded)
-        key = state_key(config, loaded)
+        session, key = (build or _session_and_key)(config, loaded)
     if config.continue_ and resume is None:
         stderr.print("no saved session to continue: this is a new one", highlight=False)
     kept = session.cache.sinks
@@ -78,7 +83,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> i
 
 
 def _interactive(
-    config: RunConfig, loaded: LoadedModel, session: ChatSession, resume: Path | None, key: StateKey
+    config: RunConfig, loaded: LoadedModel, session: ChatSession, resume: Path | None, key: StateKey | None
 ) -> int:
     from streamchat.app.chat import ChatApp
     from streamchat.app.repl import Prompter, toolbar_text
@@ -94,6 +99,8 @@ def _interactive(
     display.notice(_banner(config, loaded, session))
     journal = _journal(config, loaded, display.error)
     app = ChatApp(session, display, prompter, loaded.source.name, journal, key)
+    # Under --tp a second Ctrl-C must not tear a step off on rank 0 alone: it stops the reply, like the first.
+    app.abandon_on_second_interrupt = not getattr(session, "in_lockstep", False)
     return app.run(resume)
 
 
@@ -103,7 +110,7 @@ def _piped(
     session: ChatSession,
     items: Iterator[TranscriptItem],
     resume: Path | None,
-    key: StateKey,
+    key: StateKey | None,
 ) -> int:
     from streamchat.app.piped import resume_conversation, run_transcript
 
@@ -163,7 +170,12 @@ def load_options(config: RunConfig) -> LoadOptions:
     )
 
 
-def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
+def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSession, StateKey]:
+    return session_for(config, loaded), state_key(config, loaded)
+
+
+def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | None = None) -> ChatSession:
+    """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
     from streamchat.engine.decoder import compile_backend
     from streamchat.engine.session import ChatSession, SessionOptions
     from streamchat.engine.settings import GenerationSettings
@@ -179,6 +191,7 @@ def _session(config: RunConfig, loaded: LoadedModel) -> ChatSession:
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),
         compile_backend=compile_backend(config.compile, loaded.device),
+        channel=channel,
     )
     if options.compile_backend is not None:
         use_compile_cache()

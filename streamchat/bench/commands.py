@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from streamchat import defaults
 from streamchat.app.errors import notify, reported_errors, stderr
+from streamchat.app.tensor_parallel import TpOption
 from streamchat.bench.report import print_report, save_results
 from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
@@ -166,13 +167,25 @@ def speed(
     quantize: QuantizeOption = defaults.QUANTIZE,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
+    tp: TpOption = None,
 ) -> None:
     """Per-token decode latency and peak memory of streaming, dense and recompute, as a session grows.
 
     Defaults: the chat's cache (4 + 2000), 64,000 tokens streamed, all three policies at the same fill.
+    With --tp N: decode ms/token of one reply, the model sharded over N processes, against one process.
     """
     from streamchat.bench import speed as bench
     from streamchat.bench.memory import out_of_memory_errors
+
+    if tp is not None:
+        from streamchat.bench.tensor_parallel import tp_speed
+        from streamchat.loading import LoadOptions, load_model
+
+        with reported_errors():
+            options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
+            steps = steps or defaults.TP_BENCH_STEPS
+            code = tp_speed(tp, options, window or defaults.WINDOW, steps, load_model, stderr.print, random_init)
+        raise typer.Exit(code)
 
     with reported_errors():
         given = {"sinks": sinks, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}

@@ -15,6 +15,10 @@ token the template closes differently), take_back() rolls the cache back, which 
 nothing (cache/ledger.py: decode steps only write free slots). The repetition penalty
 reads the cache's own record of its tokens, on the device.
 
+Under tensor parallelism (streamchat.distributed) every rank runs this loop in lockstep:
+a `StepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
+stops there, and the other ranks feed what they are told. Without one, nothing changes.
+
 A decode step has fixed shapes once the sinks are full, so it can be compiled into one
 graph (CUDA graphs on a GPU); before that, and on request, steps run eagerly.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +53,18 @@ def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tens
     ).logits
 
 
+class StepChannel(Protocol):
+    """How the ranks of a tensor-parallel run agree on each step (streamchat.distributed.lockstep)."""
+
+    leads: bool  # this rank draws; the others are told
+
+    def share_token(self, token: int | None) -> int | None:
+        """The leader's token, or None where its reply stops; the leader passes its own."""
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Whether the leader asked to stop (between two forward passes of a prompt)."""
+
+
 @dataclass(frozen=True)
 class Decoded:
     """A token drawn and fed, and what feeding it evicted."""
@@ -61,9 +77,15 @@ class Decoder:
     """Draws, feeds and reads reply tokens for one session's model and cache."""
 
     def __init__(
-        self, model: Any, cache: SinkCache, compile_backend: str | None = None, vocab_size: int | None = None
+        self,
+        model: Any,
+        cache: SinkCache,
+        compile_backend: str | None = None,
+        vocab_size: int | None = None,
+        channel: StepChannel | None = None,
     ) -> None:
         self.model = model
+        self.channel = channel
         self.cache = cache
         self.device = model.get_input_embeddings().weight.device
         self.compiled = compile_backend is not None
@@ -88,8 +110,15 @@ class Decoder:
         """Decode from `logits` [1, n, vocab] (the last position's count) with these settings."""
         self._row, self._settings, self._sampler = self._last_row(logits), settings, sampler
 
-    def next(self) -> Decoded:
-        """Draw the next token, feed it, and read it back."""
+    def next(self, stop_requested: bool = False) -> Decoded | None:
+        """Draw the next token, feed it, and read it back; None when the reply stops here instead.
+
+        `stop_requested` is the caller's stop(): with a channel, the leader's decides for every rank.
+        """
+        if self.channel is not None:
+            return self._next_in_lockstep(stop_requested)
+        if stop_requested:
+            return None
         row = self._penalized(self._row)
         drawn = self._sampler.draw(row, self._settings)
         self._reader.send(drawn)
@@ -109,6 +138,21 @@ class Decoder:
             token = int(drawn.token.item())
             eviction = self._feed(drawn.token)
         return Decoded(token, eviction)
+
+    def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
+        """The leader draws (settled on the host) and shares; every rank feeds the same token."""
+        token = None
+        if self.channel.leads and not stop_requested:
+            row = self._penalized(self._row)
+            drawn = self._sampler.draw(row, self._settings)
+            self._reader.send(drawn)
+            token, settled = self._reader.receive()
+            if not settled:
+                token = int(self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False).token.item())
+        token = self.channel.share_token(token)
+        if token is None:
+            return None
+        return Decoded(token, self._feed(torch.tensor([token], device=self.device)))
 
     def take_back(self) -> None:
         """Undo the step that fed the last token (exactly: nothing it overwrote was held)."""

@@ -66,6 +66,8 @@ class ChatSession:
         )
         self.sampler = Sampler(self.settings.seed)
         self.keep, self.window, self.compile_backend = options.keep, options.window, options.compile_backend
+        # Under tensor parallelism: how the ranks agree on tokens and stops (streamchat.distributed).
+        self.channel = options.channel
         self.device = model.get_input_embeddings().weight.device
         self.cache: SinkCache | None = None
         self.transcript: list[Message] = []
@@ -205,13 +207,17 @@ class ChatSession:
         otherwise, or without `key`, the conversation is replayed.
         """
         saved = read_session(path)
+        state = read_state(state_path(path), key, saved) if key is not None else None
+        return self.load_saved(saved, state)
+
+    def load_saved(self, saved: SavedSession, state: SavedState | str | None = None) -> Iterator[Event]:
+        """Replace this conversation with one read already (`state`: as for _resume); nothing changes if it is bad."""
         settings = self.settings
         for name, value in saved.settings.items():
             settings = settings.with_value(name, value)
         eviction = eviction_policy(saved.eviction)
         chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
         feeds = chat_format.conversation_ids(saved.messages)
-        state = read_state(state_path(path), key, saved) if key is not None else None
         self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
         return self._resume(saved.messages, feeds, state)
@@ -281,7 +287,7 @@ class ChatSession:
         logits = None
         for part, skipped_after in ((head, skipped), (tail, 0)):
             for piece in progress.pieces(part):
-                if logits is not None and self._stop_requested:
+                if logits is not None and self._stop_agreed():
                     return logits, progress.read
                 logits = yield from self._feed(piece, message)
                 if (event := progress.advance(len(piece))) is not None:
@@ -315,12 +321,15 @@ class ChatSession:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         settings = reply.settings
         self.decoder.start(logits, settings, self.sampler)
-        while not self._stop_requested:
-            compiling = self.decoder.will_compile
+        while True:
+            compiling = self.decoder.will_compile and not self._stop_requested
             if compiling:
                 yield Compiling()
             with out_of_memory_reported(self.device, "generating"):
-                decoded = self.decoder.next()  # already fed: a token that ends the reply is taken back
+                # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
+                decoded = self.decoder.next(self._stop_requested)
+            if decoded is None:
+                break
             if compiling and self.decoder.compile_seconds is not None:
                 yield Compiled(self.decoder.compile_seconds)
             if decoded.token in self.stop_ids:
@@ -386,8 +395,16 @@ class ChatSession:
         if self.cache is None or self.cache.sinks != kept:
             self._snapshot = self.cache = None  # the old storage goes before the new one is allocated
             self.cache = SinkCache.for_model(self.model, kept, self.window)
-            self.decoder = Decoder(self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer))
+            self.decoder = Decoder(
+                self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer), channel=self.channel
+            )
             self.mirror = CacheMirror(kept)
+
+    def _stop_agreed(self) -> bool:
+        """stop() as every rank sees it: the leader's, under tensor parallelism."""
+        if self.channel is None:
+            return self._stop_requested
+        return self.channel.agree_stop(self._stop_requested)
 
     def _cache_whole(self) -> bool:
         """Whether the cache holds what the mirror says: no forward pass was torn off half way."""

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from streamchat import defaults
 from streamchat.engine.kept_prefix import Keep, parse_keep
 from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError
+
+if TYPE_CHECKING:
+    from streamchat.engine.decoder import StepChannel
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class SessionOptions:
     read_all: bool = defaults.READ_ALL
     # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
     compile_backend: str | None = None
+    # Under tensor parallelism, how the ranks agree on each token and stop; None in one process.
+    channel: StepChannel | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))

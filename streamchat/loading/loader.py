@@ -18,6 +18,12 @@ from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.quantization import plan_quantization, quantize_model
 from streamchat.loading.resolve import ModelSource, resolve_model
+from streamchat.loading.tensor_parallel import (
+    ensure_heads_split,
+    ensure_no_device_map,
+    ensure_tensor_parallel_plan,
+    tensor_parallel_quantization,
+)
 from streamchat.loading.weights import ensure_loadable_weights
 
 if TYPE_CHECKING:
@@ -39,6 +45,9 @@ class LoadOptions:
     device_map: str | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    # Ranks the model is sharded over by transformers' tensor-parallel plan (--tp); 1 loads it whole.
+    # Above 1, torch.distributed's default process group must be up (streamchat.distributed.group).
+    tp_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,17 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     source = resolve_model(options.model)
     # Settled first: an unavailable device should fail before a download or a conversion.
     accelerators = detect_accelerators()
+    quantize = options.quantize
+    if options.tp_size > 1:
+        ensure_no_device_map(options.device_map)
+        quantize = tensor_parallel_quantization(quantize)
     placement = plan_placement(options.device, options.dtype, options.device_map, accelerators)
-    quantization = plan_quantization(options.quantize, placement.device, placement.dtype, accelerators)
+    quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
     directory = _local_directory(source, options, notify)
     config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
+    if options.tp_size > 1:
+        ensure_tensor_parallel_plan(config, source.name)
+        ensure_heads_split(config, options.tp_size, source.name)
     ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
     ensure_intact_weights(directory, remedy=_damaged_weights_remedy(source, directory))
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
@@ -108,6 +124,27 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         load_seconds=time.perf_counter() - started,
         quantize_seconds=quantize_seconds,
     )
+
+
+def fetch_model_files(options: LoadOptions, notify: Notify = _ignore) -> Path:
+    """Resolve `options.model` and download or convert its files, without loading it.
+
+    Under --tp every rank does this first, then waits for the others: a download that takes
+    longer on one machine must not run into the step timeout of the loading collectives.
+    """
+    source = resolve_model(options.model)
+    return _local_directory(source, options, notify)
+
+
+def check_shardable(options: LoadOptions, notify: Notify = _ignore) -> None:
+    """Before any rank starts: fetch the files, and refuse a model --tp cannot shard over options.tp_size ranks."""
+    ensure_no_device_map(options.device_map)
+    tensor_parallel_quantization(options.quantize)
+    source = resolve_model(options.model)
+    directory = _local_directory(source, options, notify)
+    config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
+    ensure_tensor_parallel_plan(config, source.name)
+    ensure_heads_split(config, options.tp_size, source.name)
 
 
 def _damaged_weights_remedy(source: ModelSource, directory: Path) -> str:
@@ -133,12 +170,19 @@ def _load_pretrained(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if options.tp_size > 1:
+        from transformers import DistributedConfig
+
+        # transformers places each rank's shard on that rank's device itself.
+        placing = {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=options.tp_size)}
+    else:
+        placing = {"device_map": placement.device_map}
     with model_errors(name), _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(
             directory,
             config=config,
             dtype=getattr(torch, placement.dtype),
-            device_map=placement.device_map,
+            **placing,
             attn_implementation=attention_implementation(config),
             # None lets transformers fall back to pickled .bin files when there are no safetensors.
             use_safetensors=None if options.allow_pickle else True,

@@ -161,6 +161,7 @@ EVERY_OPTION = {
     "output_format": ("markdown", "markdown"),
     "continue": ("yes", True),
     "resume": ("20250101-120000-3fa2c1", "20250101-120000-3fa2c1"),
+    "tp": ("2", 2),
 }
 
 
@@ -307,7 +308,7 @@ def test_an_unknown_key_without_a_close_match_lists_the_keys(tmp_path: Path) -> 
     path = config_file(tmp_path, "colour = 'blue'\n")
     message = error_of({}, {}, path)
     assert message.startswith(f"{path}: unknown key 'colour'; the keys are model, keep, window, max_new_tokens,")
-    assert message.endswith("transcript, transcript_format, turns, output_format, continue, resume")
+    assert message.endswith("transcript, transcript_format, turns, output_format, continue, resume, tp")
 
 
 def test_a_config_file_that_is_not_utf8_is_an_error(tmp_path: Path) -> None:

@@ -76,3 +76,15 @@ def test_compile_auto_means_on_for_cuda_only(setting, device, backend):
 def test_an_unknown_compile_setting_is_refused_by_name():
     with pytest.raises(ConfigError, match="--compile 'yes': choose one of auto, on, off"):
         compile_backend("yes", torch.device("cpu"))
+
+
+def test_a_stop_requested_before_a_step_feeds_nothing_and_returns_none():
+    model = tiny_model("llama")
+    cache = SinkCache.for_model(model, 4, 30)
+    decoder = Decoder(model, cache)
+    logits = forward(model, cache, torch.tensor([[1, 5, 9]]))
+    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
+    seen = cache.stats().seen
+    assert decoder.next(stop_requested=True) is None
+    assert cache.stats().seen == seen
+    assert decoder.next().token == int(logits[0, -1].argmax())

@@ -151,7 +151,7 @@ def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
     session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), keep=4, window=30)
     sampled = []
     next_token = session.decoder.next
-    session.decoder.next = lambda: sampled.append(next_token()) or sampled[-1]
+    session.decoder.next = lambda *stop: sampled.append(next_token(*stop)) or sampled[-1]
     prompt = session.chat_format.prompt_ids("Hello!", first_turn=True)
     turn = session.chat("Hello!")
     for event in turn:

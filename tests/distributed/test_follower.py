@@ -1,0 +1,122 @@
+"""A follower makes rank 0's session calls, feeding rank 0's tokens, with in-process stand-ins for the transport."""
+
+import pytest
+
+from streamchat.distributed.follower import follow
+from streamchat.distributed.lockstep import EXIT, Request
+from streamchat.engine.events import TextDelta
+from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.engine.settings import GenerationSettings
+from streamchat.errors import OutOfMemoryError, RankLostError
+from tests.support.models import tiny_model
+from tests.support.tokenizers import byte_level_tokenizer
+
+VOCAB = 700
+GREEDY = GenerationSettings(max_new_tokens=12, temperature=0.0)
+
+
+class Recorder:
+    """Rank 0's channel: every step it shares, in order."""
+
+    leads = True
+
+    def __init__(self):
+        self.steps = []
+
+    def share_token(self, token):
+        self.steps.append(token)
+        return token
+
+    def agree_stop(self, requested):
+        self.steps.append(bool(requested))
+        return requested
+
+
+class Replayer:
+    """Another rank's channel: rank 0's steps, as they were recorded."""
+
+    leads = False
+
+    def __init__(self, steps, requests=()):
+        self.rank = 1
+        self._steps = iter(steps)
+        self._requests = iter(requests)
+
+    def share_token(self, token):
+        assert token is None  # a follower never draws
+        return next(self._steps)
+
+    def agree_stop(self, requested):
+        assert not requested  # nobody stops a follower but rank 0
+        return next(self._steps)
+
+    def receive(self):
+        return next(self._requests)
+
+
+def session(channel, seed=0, window=30):
+    model = tiny_model("llama", vocab_size=VOCAB, seed=seed)
+    return ChatSession(model, byte_level_tokenizer(), SessionOptions(window=window, settings=GREEDY, channel=channel))
+
+
+def stopped_after(events, session, tokens):
+    """Consume a turn, asking for a stop after `tokens` text deltas (a Ctrl-C on rank 0)."""
+    seen = 0
+    for event in events:
+        if isinstance(event, TextDelta):
+            seen += 1
+            if seen == tokens:
+                session.stop()
+
+
+def test_a_follower_feeds_rank_0s_tokens_and_stops_where_rank_0_stopped():
+    recorder = Recorder()
+    leader = session(recorder)
+    requests = [Request("chat", ("Hello there",)), Request("chat", ("Go on, at length.",)), Request(EXIT)]
+    for _ in leader.chat("Hello there"):
+        pass
+    stopped_after(leader.chat("Go on, at length."), leader, 3)
+    # A follower with other weights: its own greedy tokens would differ, but it feeds rank 0's.
+    follower = session(Replayer(recorder.steps, requests), seed=1)
+    follow(follower, follower.channel)
+    assert follower.transcript == leader.transcript
+    assert len(leader.transcript[-1]["content"]) < len(leader.transcript[1]["content"])  # the stop held
+    assert follower.mirror.token_ids() == leader.mirror.token_ids()
+    assert follower.cache_stats() == leader.cache_stats()
+    assert follower.cache_stats().evicted > 0
+
+
+def test_errors_every_rank_meets_are_rank_0s_to_report_and_the_follower_goes_on():
+    recorder = Recorder()
+    leader = session(recorder)
+    for _ in leader.chat("Hi"):
+        pass
+    requests = [
+        Request("regenerate"),  # nothing to regenerate yet: ConfigError on every rank
+        Request("set_option", ("temperature", "hot")),  # refused on every rank
+        Request("chat", ("Hi",)),
+        Request("reset"),
+        Request(EXIT),
+    ]
+    follower = session(Replayer(recorder.steps, requests))
+    follow(follower, follower.channel)
+    assert follower.transcript == []  # reset, after the turn went through
+    assert follower.cache_stats().seen == 0
+
+
+class Exploding:
+    def chat(self, text):
+        raise OutOfMemoryError("out of memory on cpu while reading 9 tokens; try a smaller --window")
+
+
+def test_out_of_memory_on_a_follower_ends_it_with_out_of_memorys_line_and_code():
+    channel = Replayer([], [Request("chat", ("Hi",))])
+    with pytest.raises(RankLostError) as raised:
+        follow(Exploding(), channel)
+    assert str(raised.value) == "rank 1: out of memory on cpu while reading 9 tokens; try a smaller --window"
+    assert raised.value.exit_code == OutOfMemoryError.exit_code
+
+
+def test_a_request_for_anything_but_a_session_call_is_refused():
+    with pytest.raises(RankLostError, match="'save_state'"):
+        follow(Exploding(), Replayer([], [Request("save_state", ("/tmp/x", None))]))

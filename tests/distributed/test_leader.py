@@ -1,0 +1,128 @@
+"""Rank 0's LeaderSession: what it sends the other ranks, and when; with an in-process stand-in for the transport."""
+
+import pytest
+
+from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
+from streamchat.distributed.lockstep import EXIT, Request
+from streamchat.engine.events import NotResumed, Replayed, TextDelta, TurnFinished
+from streamchat.engine.session import ChatSession, SessionOptions
+from streamchat.engine.session_file import read_session
+from streamchat.engine.settings import GenerationSettings
+from streamchat.errors import ConfigError, OutOfMemoryError, PeerLostError, RankLostError
+from tests.support.models import tiny_model
+from tests.support.tokenizers import byte_level_tokenizer
+
+GREEDY = GenerationSettings(max_new_tokens=10, temperature=0.0)
+
+
+class Wire:
+    """Records the requests rank 0 sends, and shares its steps like a one-rank world."""
+
+    leads = True
+    rank = 0
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, request):
+        self.sent.append(request)
+
+    def share_token(self, token):
+        return token
+
+    def agree_stop(self, requested):
+        return requested
+
+
+def leader(wire=None):
+    wire = wire or Wire()
+    model = tiny_model("llama", vocab_size=700)
+    session = ChatSession(model, byte_level_tokenizer(), SessionOptions(window=30, settings=GREEDY, channel=wire))
+    return LeaderSession(session, wire), wire
+
+
+def test_each_call_that_moves_the_conversation_is_sent_before_it_runs_here():
+    session, wire = leader()
+    events = session.chat("Hello")
+    assert wire.sent == [Request("chat", ("Hello",))]
+    assert any(isinstance(event, TurnFinished) for event in events)
+    session.set_option("temperature", "0.5")
+    session.reset()
+    assert wire.sent[1:] == [Request("set_option", ("temperature", "0.5")), Request("reset")]
+    assert session.transcript == [] and session.settings.temperature == 0.5  # reads pass through
+
+
+def test_a_bad_setting_is_refused_before_any_rank_changes():
+    session, wire = leader()
+    with pytest.raises(ConfigError):
+        session.set_option("temperature", "hot")
+    assert wire.sent == []
+
+
+def test_load_sends_what_the_file_holds_and_writes_no_cache_state(tmp_path):
+    session, wire = leader()
+    list(session.chat("Hello"))
+    saved = tmp_path / "kept.json"
+    session.save(saved)
+    assert session.save_state(tmp_path / "state", key=object()) is None  # each rank holds a shard
+    events = list(session.load(saved, key=object()))
+    assert wire.sent[-1] == Request("load_saved", (read_session(saved), NOT_RESUMED))
+    assert NotResumed(NOT_RESUMED) in events and isinstance(events[-1], Replayed)
+
+
+def test_a_turn_abandoned_on_rank_0_is_stopped_and_finished_as_on_the_other_ranks():
+    session, _ = leader()
+    events = session.chat("Hello")
+    for event in events:
+        if isinstance(event, TextDelta):
+            break
+    events.close()  # a closed pipe, say
+    assert session.transcript[-1]["role"] == "assistant" and session.transcript[-1]["content"]
+    assert session._session._settled  # the reply was closed in the cache, as on every rank
+
+
+def test_close_tells_the_other_ranks_to_exit_once():
+    session, wire = leader()
+    session.close()
+    session.close()
+    assert wire.sent == [Request(EXIT)]
+
+
+def test_out_of_memory_on_rank_0_ends_the_run_with_its_line_and_code():
+    session, _ = leader()
+
+    def exploding(*args):
+        raise OutOfMemoryError("out of memory on cpu while generating; try a smaller --window")
+        yield
+
+    session._session.chat = exploding
+    with pytest.raises(RankLostError) as raised:
+        list(session.chat("Hello"))
+    assert str(raised.value) == (
+        "rank 0: out of memory on cpu while generating; try a smaller --window; every rank stops"
+    )
+    assert raised.value.exit_code == OutOfMemoryError.exit_code
+
+
+def test_a_collective_that_fails_because_a_peer_died_is_a_peer_lost_error():
+    session, _ = leader()
+
+    def broken(*args):
+        raise RuntimeError(
+            "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:21633. This is typically caused by a remote worker crashing. GLHF!"
+        )
+        yield
+
+    session._session.chat = broken
+    with pytest.raises(PeerLostError) as raised:
+        list(session.chat("Hello"))
+    assert str(raised.value) == (
+        "rank 0 lost the other ranks while running a step: Connection closed by peer [127.0.0.1]:21633"
+    )
+
+
+def test_the_app_is_told_that_a_second_ctrl_c_must_not_tear_a_step():
+    session, _ = leader()
+    assert session.in_lockstep
+    assert not getattr(session._session, "in_lockstep", False)

@@ -1,0 +1,100 @@
+"""The --tp N launcher on stand-in ranks (small Python scripts): who ended the run, the one line, no orphans."""
+
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from streamchat import defaults
+from streamchat.distributed.supervisor import free_port, rank_environment, supervise
+from streamchat.errors import OutOfMemoryError, PeerLostError, RankLostError
+
+pytestmark = pytest.mark.multiprocess
+
+# Each stand-in rank runs the line for its RANK; rank 0 writes its pid where the test can find it.
+SCRIPT = """
+import os, pathlib, signal, sys, time
+rank = int(os.environ["RANK"])
+pathlib.Path(sys.argv[1], f"rank{rank}.pid").write_text(str(os.getpid()))
+exec(sys.argv[2 + rank])
+"""
+
+
+def run(tmp_path, *per_rank):
+    lines = []
+    started = time.monotonic()
+    code = supervise(len(per_rank), [sys.executable, "-c", SCRIPT, str(tmp_path), *per_rank], lines.append)
+    return code, lines, time.monotonic() - started
+
+
+def pids(tmp_path):
+    return [int(path.read_text()) for path in sorted(tmp_path.glob("rank*.pid"))]
+
+
+def assert_all_gone(tmp_path):
+    for pid in pids(tmp_path):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_rank_that_is_killed_ends_the_run_in_one_line_naming_it(tmp_path):
+    code, lines, seconds = run(tmp_path, "time.sleep(60)", "time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)")
+    assert code == RankLostError.exit_code
+    assert lines == ["rank 1 was killed by SIGKILL; every rank stopped"]
+    assert seconds < 15  # rank 0 was ended, not waited for
+    assert_all_gone(tmp_path)
+
+
+def test_a_rank_that_fails_is_reported_by_its_own_line_and_exit_code(tmp_path):
+    failing = "print('error: rank 1: out of memory on cuda:1 while generating', file=sys.stderr); sys.exit(6)"
+    code, lines, _ = run(tmp_path, "time.sleep(60)", failing)
+    assert code == OutOfMemoryError.exit_code
+    assert lines == ["rank 1: out of memory on cuda:1 while generating"]
+
+
+def test_rank_0_ending_the_run_ends_it_quietly_with_its_exit_code(tmp_path):
+    code, lines, _ = run(tmp_path, "time.sleep(0.3); sys.exit(7)", "time.sleep(0.1)")
+    assert (code, lines) == (7, [])
+
+
+def test_a_rank_that_stops_answering_is_named_with_what_rank_0_saw(tmp_path):
+    report = (
+        f"pathlib.Path(os.environ['{defaults.TP_REPORT_ENV}']).write_text('rank 0 lost the other ranks: timed out')"
+    )
+    code, lines, _ = run(tmp_path, f"{report}; sys.exit({PeerLostError.exit_code})", "time.sleep(60)")
+    assert code == RankLostError.exit_code
+    assert lines == ["rank 1 stopped answering (rank 0 lost the other ranks: timed out)"]
+    assert_all_gone(tmp_path)
+
+
+def test_the_ranks_get_torchruns_environment_on_a_free_loopback_port(tmp_path):
+    port = free_port()
+    env = rank_environment({"OMP_NUM_THREADS": "3"}, 1, 2, port, tmp_path / "report")
+    assert {key: env[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    assert env["OMP_NUM_THREADS"] == "3"  # the user's choice stands
+    assert env[defaults.TP_REPORT_ENV] == str(tmp_path / "report")
+    assert os.environ.get("RANK") is None  # the launcher's own environment is untouched
+
+
+def test_an_error_every_rank_meets_is_said_once_by_rank_0(tmp_path):
+    refused = "time.sleep({}); print('error: --tp 2: 9 heads do not split', file=sys.stderr); sys.exit(2)"
+    code, lines, _ = run(tmp_path, refused.format(0.3), refused.format(0))
+    assert (code, lines) == (2, [])
+
+
+def test_when_rank_0_stops_answering_the_line_says_so_with_what_another_rank_saw(tmp_path):
+    gave_up = (
+        f"print('error: rank 1 lost the other ranks: timed out', file=sys.stderr); sys.exit({PeerLostError.exit_code})"
+    )
+    code, lines, seconds = run(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)", gave_up)
+    assert code == RankLostError.exit_code
+    assert lines == ["rank 0 stopped answering (rank 1 lost the other ranks: timed out)"]
+    assert seconds < 30  # rank 0 ignored SIGTERM: it was killed after the grace period
+    assert_all_gone(tmp_path)
