@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat import __version__
+from streamchat.engine.journal import sync_directory
 from streamchat.engine.session_file import SavedSession
 from streamchat.errors import SessionFileError
 
@@ -115,7 +116,7 @@ def write_state(
             with suppress(OSError):
                 os.unlink(temporary)
             raise
-        _sync_directory(path.parent)
+        sync_directory(path.parent)
         return path.stat().st_size
     except OSError as error:
         raise SessionFileError(f"cannot save the cache state to {path}: {error.strerror or error}") from error
@@ -164,16 +165,3 @@ def _mismatch(metadata: dict[str, str], key: StateKey, saved: SavedSession) -> s
             )
         return "its cache state holds another version of the conversation (changed after the state was saved)"
     return None
-
-
-def _sync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not possible on every platform (Windows); the file itself is synced
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

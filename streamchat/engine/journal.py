@@ -161,7 +161,7 @@ class Journal:
         }
         self._descriptor = _open_for_appending(self.path, create=True)
         _write_line(self._descriptor, header)
-        _sync_directory(self.directory)  # the file's name, too, survives a power cut
+        sync_directory(self.directory)  # the file's name, too, survives a power cut
         self._settings, self._system, self._messages = {}, None, []
         self._append({"type": "settings", "values": settings})
         self._settings = dict(settings)
@@ -228,7 +228,8 @@ def _write_line(descriptor: int, record: dict[str, Any]) -> None:
     os.fsync(descriptor)
 
 
-def _sync_directory(directory: Path) -> None:
+def sync_directory(directory: Path) -> None:
+    """Make a file's creation or rename in `directory` durable (where the platform allows it)."""
     try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -20,7 +20,7 @@ the window the user chose for memory and speed.
 from __future__ import annotations
 
 from streamchat import defaults
-from streamchat.engine.template import ChatFormat
+from streamchat.engine.template import ChatFormat, common_prefix_length
 from streamchat.errors import ConfigError
 
 Keep = str | int  # defaults.KEEP_SYSTEM, or a number of first tokens
@@ -53,8 +53,8 @@ def system_turn_length(chat_format: ChatFormat) -> int:
     """
     firsts = [chat_format.prompt_ids(probe, first_turn=True) for probe in _PROBES]
     later = chat_format.prompt_ids(_PROBES[0], first_turn=False)
-    before_the_text = min(_common_prefix_length(firsts[0], other) for other in firsts[1:])
-    shared_ending = _common_prefix_length(firsts[0][::-1], later[::-1])
+    before_the_text = min(common_prefix_length(firsts[0], other) for other in firsts[1:])
+    shared_ending = common_prefix_length(firsts[0][::-1], later[::-1])
     return min(before_the_text, len(firsts[0]) - shared_ending)
 
 
@@ -71,12 +71,3 @@ def kept_tokens(chat_format: ChatFormat, keep: Keep, window: int) -> int:
             "prompt, raise --window, or use --keep 4 to let it scroll away with the conversation"
         )
     return max(length, defaults.SINKS)
-
-
-def _common_prefix_length(first: list[int], second: list[int]) -> int:
-    length = 0
-    for a, b in zip(first, second, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length

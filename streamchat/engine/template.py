@@ -169,7 +169,7 @@ class ChatFormat:
         from a token boundary near its end, not whole."""
         offset, base = self._tail_boundary(text, ids) if len(text) > _LONG_TEXT else (0, 0)
         tail_text, tail_ids = text[offset:], ids[base:]
-        return base + min(_common_prefix_length(tail_ids, self._encode(tail_text + start)) for start in _REPLY_STARTS)
+        return base + min(common_prefix_length(tail_ids, self._encode(tail_text + start)) for start in _REPLY_STARTS)
 
     def _tail_boundary(self, text: str, ids: list[int]) -> tuple[int, int]:
         """(character offset, token index) of a boundary near the end of `text` where encoding the
@@ -197,7 +197,7 @@ class ChatFormat:
             raise self._unsplittable("it does not render a reply as the model wrote it")
         ids = self._encode(text)
         up_to_reply_end = self._encode(text[: reply_start + len(reply)])
-        cut = _common_prefix_length(ids, self._encode(self._render([*closed, *closed[-2:]])))
+        cut = common_prefix_length(ids, self._encode(self._render([*closed, *closed[-2:]])))
         if ids[: len(up_to_reply_end)] != up_to_reply_end or cut < len(up_to_reply_end):
             raise self._unsplittable(f"a reply ending in {reply[-1]!r} merges into one token with the text after it")
         return _ClosedTurn(ids[:cut], tuple(ids[len(up_to_reply_end) : cut]))
@@ -260,7 +260,8 @@ def stop_token_ids(
     return frozenset(stop_ids)
 
 
-def _common_prefix_length(first: list[int], second: list[int]) -> int:
+def common_prefix_length(first: list[int], second: list[int]) -> int:
+    """How many first tokens two token lists share."""
     length = 0
     for a, b in zip(first, second, strict=False):
         if a != b:
