@@ -38,6 +38,7 @@ from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.engine.decoder import Decoder
 from streamchat.engine.sampling import Sampler
 from streamchat.engine.settings import GenerationSettings
+from streamchat.loading.resolve import packaged_gguf
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
@@ -189,15 +190,6 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def default_gguf() -> Path | None:
-    """The default model's GGUF file, found without importing its package; None when it is not installed."""
-    spec = importlib.util.find_spec(defaults.DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / defaults.DEFAULT_MODEL_GGUF
-    return path if path.is_file() else None
-
-
 class LlamaCpp:
     """llama.cpp on a GGUF file, greedy, with as many threads as torch uses."""
 
@@ -234,7 +226,7 @@ def llama_cpp_gguf(model: str | None) -> tuple[Path | None, str]:
         return Path(model), ""
     if model not in (None, defaults.DEFAULT_MODEL):
         return None, f"llama.cpp row skipped: {model} is not a GGUF file"
-    gguf = default_gguf()
+    gguf = packaged_gguf(defaults.DEFAULT_MODEL)
     return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
 
 
