@@ -97,11 +97,16 @@ def test_two_nodes_on_one_machine_give_the_same_transcript(tiny_chat_model, tmp_
     assert outputs[1] == expected_transcript(tiny_chat_model)
 
 
+def spawn_chat_under_tp_2(model_dir, tmp_path):
+    """The REPL with --tp 2 in a pty."""
+    env = {**rank_env(tmp_path), "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    arguments = ["-m", "streamchat", "run", "--model", str(model_dir), *OPTIONS, "--tp", "2"]
+    return pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+
+
 @pytest.mark.multiprocess
 def test_the_repl_under_tp_2_takes_a_turn_a_reset_a_turn_and_ctrl_d(tiny_chat_model, tmp_path):
-    env = {**rank_env(tmp_path), "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
-    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--tp", "2"]
-    chat = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    chat = spawn_chat_under_tp_2(tiny_chat_model, tmp_path)
     try:
         chat.expect_exact("streamchat 0.1.0")
         ranks = descendants(chat.pid)
@@ -129,9 +134,7 @@ def test_the_repl_under_tp_2_takes_a_turn_a_reset_a_turn_and_ctrl_d(tiny_chat_mo
 
 @pytest.mark.multiprocess
 def test_ctrl_c_regen_set_and_system_under_tp_2_keep_every_rank_in_step(tiny_chat_model, tmp_path):
-    env = {**rank_env(tmp_path), "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
-    arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--tp", "2"]
-    chat = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    chat = spawn_chat_under_tp_2(tiny_chat_model, tmp_path)
     try:
         chat.expect_exact("streamchat 0.1.0")
         ranks = descendants(chat.pid)
