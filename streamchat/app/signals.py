@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from prompt_toolkit.application import get_app_or_none
+
 Handler = Callable[[int, FrameType | None], None]
 
 # The signals that end streamchat, besides SIGINT; SIGHUP does not exist on Windows.
@@ -72,6 +74,12 @@ def raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    # At the prompt, an exception raised inside one of prompt_toolkit's event-loop callbacks
+    # would be caught by its handler ("Press ENTER to continue..."): end the prompt with it instead.
+    app = get_app_or_none()
+    if app is not None and app.is_running and not app.is_done:
+        app.exit(exception=Terminated(signum))
+        return
     raise Terminated(signum)
 
 
