@@ -1,9 +1,15 @@
 """The domain errors. Only the CLI turns them into one-line messages and exit codes.
 
-This module imports nothing, so every layer (the cache included) can raise these
-without pulling in UI or loading code. Each message names the bad value and says
+This module imports only the standard library, so every layer (the cache included) can
+raise these without pulling in UI or loading code. Each message names the bad value and says
 what to do about it.
 """
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class StreamchatError(Exception):
@@ -77,9 +83,21 @@ _OUT_OF_MEMORY_WORDING = ("out of memory", "can't allocate memory", "not enough 
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether a library's exception means an allocation failed (torch raises RuntimeErrors)."""
-    if isinstance(error, MemoryError):
+    torch = sys.modules.get("torch")  # loaded by whoever allocated; this module imports nothing heavy
+    if isinstance(error, MemoryError) or (torch is not None and isinstance(error, torch.OutOfMemoryError)):
         return True
     return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY_WORDING)
+
+
+@contextmanager
+def out_of_memory_as(message: str) -> Iterator[None]:
+    """Within the block, an allocation failure on any device becomes OutOfMemoryError(message)."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise OutOfMemoryError(message) from error
 
 
 class RankLostError(StreamchatError):

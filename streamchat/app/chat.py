@@ -17,11 +17,11 @@ from typing import Any
 
 from streamchat import defaults
 from streamchat.app import commands
-from streamchat.app.display import ChatDisplay, turn_stats_line
+from streamchat.terminal.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session, save_state
-from streamchat.app.signals import Interrupted, termination_deferred
-from streamchat.app.status import first_words, status_figures
+from streamchat.terminal.signals import Interrupted, termination_deferred
+from streamchat.terminal.status import first_words, status_figures
 from streamchat.app.typeahead import keys_held
 from streamchat.engine.cache_file import StateKey
 from streamchat.engine.events import Event, StopReason, TurnFinished

@@ -29,7 +29,7 @@ from typing import Any
 import platformdirs
 
 from streamchat import defaults
-from streamchat.app.transcript import (
+from streamchat.terminal.transcript import (
     OUTPUT_FORMATS,
     TRANSCRIPT_FORMATS,
     TURN_SPLITS,

@@ -22,11 +22,11 @@ from rich.text import Text
 
 from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
-from streamchat.app.display import ChatDisplay
-from streamchat.app.errors import stderr
+from streamchat.terminal.display import ChatDisplay
+from streamchat.terminal.reporting import stderr
 from streamchat.app.resuming import save_state, session_to_resume, state_key
-from streamchat.app.safe_text import safe_text
-from streamchat.app.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
+from streamchat.terminal.safe_text import safe_text
+from streamchat.terminal.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.app.typeahead import keys_held
 from streamchat.errors import StreamchatError
 from streamchat.loading import LoadedModel, LoadOptions

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.app.safe_text import safe_text
-from streamchat.app.status import first_words
+from streamchat.terminal.safe_text import safe_text
+from streamchat.terminal.status import first_words
 from streamchat.engine.session_file import SessionSummary
 from streamchat.loading.catalog import CatalogEntry
 

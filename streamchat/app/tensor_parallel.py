@@ -24,7 +24,7 @@ import typer
 
 from streamchat import defaults
 from streamchat.app.config import RunConfig
-from streamchat.app.errors import stderr
+from streamchat.terminal.reporting import stderr
 from streamchat.errors import ConfigError, PeerLostError
 from streamchat.loading import LoadedModel, LoadOptions
 
@@ -71,7 +71,7 @@ def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedM
                 "--tp without a number joins the processes torchrun started, and this is not one: run "
                 "`torchrun --nproc-per-node N -m streamchat run --tp ...`, or give --tp N to start N here"
             )
-        from streamchat.app.errors import notify
+        from streamchat.terminal.reporting import notify
         from streamchat.app.launch import load_options
         from streamchat.loading.loader import check_shardable
 
@@ -166,7 +166,7 @@ def _files_everywhere(config: RunConfig, lockstep: Any) -> None:
     """Every rank fetches or converts the model's files, then waits (as long as it takes) for the others."""
     import torch.distributed as dist
 
-    from streamchat.app.errors import notify
+    from streamchat.terminal.reporting import notify
     from streamchat.app.launch import load_options
     from streamchat.distributed.lockstep import lost_ranks_reported
     from streamchat.loading.loader import fetch_model_files

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.app.errors import notify, reported_errors, stderr
+from streamchat.terminal.reporting import notify, reported_errors, stderr
 from streamchat.app.tensor_parallel import TpOption
 from streamchat.bench.report import print_report, save_results
 from streamchat.bench.sizes import sizes_for
@@ -237,7 +237,7 @@ def keep(
 
     Defaults: 40 turns through a 256-token window; the answer's log-probability after turn 1 and turn 40.
     """
-    from streamchat.app.transcript import UserTurn, read_transcript_file
+    from streamchat.terminal.transcript import UserTurn, read_transcript_file
     from streamchat.bench import keep as bench
     from streamchat.bench.memory import out_of_memory_errors
 

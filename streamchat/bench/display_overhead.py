@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from streamchat import defaults
-from streamchat.app.display import ChatDisplay
+from streamchat.terminal.display import ChatDisplay
 from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
 from streamchat.engine.events import TurnFinished

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from streamchat.errors import OutOfMemoryError, is_out_of_memory
+from streamchat.errors import out_of_memory_as
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -84,17 +83,11 @@ def memory_probe(device: torch.device) -> MemoryProbe:
     return LinuxPeakRss()
 
 
-@contextmanager
-def out_of_memory_errors(smaller: str) -> Iterator[None]:
+def out_of_memory_errors(smaller: str) -> AbstractContextManager[None]:
     """Turn an allocation failure inside the block (CUDA, MPS or CPU) into an OutOfMemoryError.
 
     `smaller`: the command's options that shrink the run, e.g. "--tokens or --window".
     """
-    try:
-        yield
-    except (MemoryError, RuntimeError) as error:
-        if not is_out_of_memory(error):
-            raise
-        raise OutOfMemoryError(
-            f"the benchmark ran out of memory: try a smaller {smaller}, --dtype bfloat16 or float16, or a smaller model"
-        ) from error
+    return out_of_memory_as(
+        f"the benchmark ran out of memory: try a smaller {smaller}, --dtype bfloat16 or float16, or a smaller model"
+    )

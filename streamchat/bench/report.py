@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from streamchat.app.tables import print_table
+from streamchat.terminal.tables import print_table
 from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:

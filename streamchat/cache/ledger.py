@@ -162,7 +162,7 @@ class StreamLedger:
 
     @property
     def capacity(self) -> int:
-        return self.sinks + self.window
+        return self.stats().capacity
 
     @property
     def slots(self) -> int:
@@ -171,7 +171,7 @@ class StreamLedger:
 
     @property
     def used(self) -> int:
-        return self.sinks_held + self.ring.length
+        return self.stats().used
 
     @property
     def sinks_full(self) -> bool:

@@ -9,21 +9,18 @@ from contextlib import contextmanager
 from streamchat.errors import (
     ModelAccessError,
     ModelNotFoundError,
-    OutOfMemoryError,
     UnsupportedModelError,
-    is_out_of_memory,
+    out_of_memory_as,
 )
 
 
 @contextmanager
 def model_errors(name: str) -> Iterator[None]:
     """Report failures while reading, converting or loading the model `name` as domain errors."""
+    out_of_memory = f"out of memory while loading {name}; try --dtype bfloat16 or float16, or a smaller model"
     try:
-        yield
-    except (MemoryError, RuntimeError) as error:
-        if not is_out_of_memory(error):
-            raise
-        raise _out_of_memory(name) from error
+        with out_of_memory_as(out_of_memory):
+            yield
     except ValueError as error:
         # Unknown model types, GGUF files transformers cannot convert, custom code not trusted.
         hint = " Pass --trust-remote-code if you trust its code." if "trust_remote_code" in str(error) else ""
@@ -38,10 +35,6 @@ def model_errors(name: str) -> Iterator[None]:
             "objects other than tensors, which streamchat does not unpickle; download the model again, "
             "or use a copy with safetensors weights"
         ) from error
-
-
-def _out_of_memory(name: str) -> OutOfMemoryError:
-    return OutOfMemoryError(f"out of memory while loading {name}; try --dtype bfloat16 or float16, or a smaller model")
 
 
 def _about(name: str, error: BaseException) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.app.safe_text import safe_plain
+from streamchat.terminal.safe_text import safe_plain
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.session_file import read_session

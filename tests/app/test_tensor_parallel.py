@@ -15,7 +15,7 @@ import pexpect
 import psutil
 import pytest
 
-from streamchat.app.safe_text import safe_plain
+from streamchat.terminal.safe_text import safe_plain
 from streamchat.app.tensor_parallel import with_optional_tp_value
 from streamchat.distributed.supervisor import free_port
 from streamchat.engine.events import Evicted, TurnFinished

@@ -45,7 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Literal, Protocol, TextIO, get_args
 
-from streamchat.app.safe_text import safe_plain
+from streamchat.terminal.safe_text import safe_plain
 from streamchat.errors import TranscriptError
 
 TranscriptFormat = Literal["auto", "text", "jsonl", "mtbench"]
@@ -273,7 +273,7 @@ class _BlockWriter:
         text:      "USER: Hi there.\n\nASSISTANT: Hello!\n"
         markdown:  "### User\n\nHi there.\n\n### Assistant\n\nHello!\n"
 
-    Content is terminal-safe (see streamchat.app.safe_text): these transcripts end up on
+    Content is terminal-safe (see streamchat.terminal.safe_text): these transcripts end up on
     terminals (`cat`, `less -R`, the pipe itself), so control characters are written as
     their visible markers.
     """

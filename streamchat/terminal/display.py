@@ -18,9 +18,9 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.app.safe_text import safe_plain, safe_text
-from streamchat.app.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
-from streamchat.cache.ledger import CacheStats
+from streamchat.terminal.safe_text import safe_plain, safe_text
+from streamchat.terminal.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
+from streamchat.engine.events import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
     Compiled,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.app.transcript import (
+from streamchat.terminal.transcript import (
     EXAMPLE,
     SkippedLine,
     SystemPrompt,

@@ -4,8 +4,8 @@ import io
 
 from rich.console import Console
 
-from streamchat.app.display import ChatDisplay, reading_line
-from streamchat.cache.ledger import CacheStats
+from streamchat.terminal.display import ChatDisplay, reading_line
+from streamchat.engine.events import CacheStats
 from streamchat.engine.events import (
     CacheOccupancy,
     Compiled,
