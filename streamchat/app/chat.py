@@ -17,17 +17,17 @@ from typing import Any
 
 from streamchat import defaults
 from streamchat.app import commands
-from streamchat.terminal.display import ChatDisplay, turn_stats_line
 from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session, save_state
-from streamchat.terminal.signals import Interrupted, termination_deferred
-from streamchat.terminal.status import first_words, status_figures
 from streamchat.app.typeahead import keys_held
 from streamchat.engine.cache_file import StateKey
 from streamchat.engine.events import Event, StopReason, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import CommandError, RankLostError, StreamchatError
+from streamchat.terminal.display import ChatDisplay, turn_stats_line
+from streamchat.terminal.signals import Interrupted, termination_deferred
+from streamchat.terminal.status import first_words, status_figures
 
 
 @dataclass

@@ -20,13 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from streamchat import __version__, defaults
-from streamchat.terminal import signals
 from streamchat.app.config import config_file_location, find_config_file, resolve_run_config
-from streamchat.terminal.reporting import notify, reported_errors, stderr
 from streamchat.app.launch import data_dir, load_options, run_chat
 from streamchat.app.listings import catalog_record, models_table, session_record, sessions_table
-from streamchat.terminal.safe_text import safe_text
-from streamchat.terminal.tables import print_table
 from streamchat.app.tensor_parallel import TpOption, run_tensor_parallel, wants_tensor_parallel, with_optional_tp_value
 from streamchat.bench.commands import bench_app
 from streamchat.engine.session_file import list_sessions
@@ -34,6 +30,10 @@ from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.catalog import model_catalog
 from streamchat.loading.device import DEVICE_MAPS
 from streamchat.loading.resolve import ModelSource
+from streamchat.terminal import signals
+from streamchat.terminal.reporting import notify, reported_errors, stderr
+from streamchat.terminal.safe_text import safe_text
+from streamchat.terminal.tables import print_table
 
 app = typer.Typer(
     name="streamchat",

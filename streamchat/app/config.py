@@ -29,6 +29,9 @@ from typing import Any
 import platformdirs
 
 from streamchat import defaults
+from streamchat.errors import ConfigError
+from streamchat.loading.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
+from streamchat.loading.quantization import QUANTIZE_NAMES, is_quantize_name
 from streamchat.terminal.transcript import (
     OUTPUT_FORMATS,
     TRANSCRIPT_FORMATS,
@@ -37,9 +40,6 @@ from streamchat.terminal.transcript import (
     TranscriptFormat,
     TurnSplit,
 )
-from streamchat.errors import ConfigError
-from streamchat.loading.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
-from streamchat.loading.quantization import QUANTIZE_NAMES, is_quantize_name
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -22,14 +22,14 @@ from rich.text import Text
 
 from streamchat import __version__, defaults
 from streamchat.app.config import RunConfig
-from streamchat.terminal.display import ChatDisplay
-from streamchat.terminal.reporting import stderr
 from streamchat.app.resuming import save_state, session_to_resume, state_key
-from streamchat.terminal.safe_text import safe_text
-from streamchat.terminal.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.app.typeahead import keys_held
 from streamchat.errors import StreamchatError
 from streamchat.loading import LoadedModel, LoadOptions
+from streamchat.terminal.display import ChatDisplay
+from streamchat.terminal.reporting import stderr
+from streamchat.terminal.safe_text import safe_text
+from streamchat.terminal.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples

@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.terminal.safe_text import safe_text
-from streamchat.terminal.status import first_words
 from streamchat.engine.session_file import SessionSummary
 from streamchat.loading.catalog import CatalogEntry
+from streamchat.terminal.safe_text import safe_text
+from streamchat.terminal.status import first_words
 
 # Characters of a session's first message that the sessions table shows.
 FIRST_MESSAGE_PREVIEW = 60

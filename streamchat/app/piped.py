@@ -14,16 +14,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from streamchat.terminal.display import ChatDisplay, prompt_skipped_text
-from streamchat.terminal.reporting import INTERRUPTED_EXIT_CODE
 from streamchat.app.resuming import load_session
-from streamchat.terminal.signals import termination_deferred
-from streamchat.terminal.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 from streamchat.engine.cache_file import StateKey
 from streamchat.engine.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
+from streamchat.terminal.display import ChatDisplay, prompt_skipped_text
+from streamchat.terminal.reporting import INTERRUPTED_EXIT_CODE
+from streamchat.terminal.signals import termination_deferred
+from streamchat.terminal.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 
 
 def run_transcript(

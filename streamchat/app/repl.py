@@ -18,8 +18,8 @@ from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
 from streamchat.app.commands import complete
-from streamchat.terminal.status import BAR_CHARACTERS, bar_segments, fit_status
 from streamchat.engine.events import CacheStats
+from streamchat.terminal.status import BAR_CHARACTERS, bar_segments, fit_status
 
 BLOCK_QUOTE = '"""'
 PROMPT = "› "

@@ -24,9 +24,9 @@ import typer
 
 from streamchat import defaults
 from streamchat.app.config import RunConfig
-from streamchat.terminal.reporting import stderr
 from streamchat.errors import ConfigError, PeerLostError
 from streamchat.loading import LoadedModel, LoadOptions
+from streamchat.terminal.reporting import stderr
 
 TpOption = Annotated[
     str | None,
@@ -71,9 +71,9 @@ def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedM
                 "--tp without a number joins the processes torchrun started, and this is not one: run "
                 "`torchrun --nproc-per-node N -m streamchat run --tp ...`, or give --tp N to start N here"
             )
-        from streamchat.terminal.reporting import notify
         from streamchat.app.launch import load_options
         from streamchat.loading.loader import check_shardable
+        from streamchat.terminal.reporting import notify
 
         # Once, here: the ranks find the files in place, and a model they cannot shard is refused once.
         check_shardable(dataclasses.replace(load_options(config), tp_size=config.tp), notify)
@@ -166,10 +166,10 @@ def _files_everywhere(config: RunConfig, lockstep: Any) -> None:
     """Every rank fetches or converts the model's files, then waits (as long as it takes) for the others."""
     import torch.distributed as dist
 
-    from streamchat.terminal.reporting import notify
     from streamchat.app.launch import load_options
     from streamchat.distributed.lockstep import lost_ranks_reported
     from streamchat.loading.loader import fetch_model_files
+    from streamchat.terminal.reporting import notify
 
     fetch_model_files(load_options(config), notify if lockstep.leads else lambda text: None)
     with lost_ranks_reported(lockstep.rank, "waiting for every rank to have the model's files"):

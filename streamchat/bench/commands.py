@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.terminal.reporting import notify, reported_errors, stderr
 from streamchat.app.tensor_parallel import TpOption
 from streamchat.bench.report import print_report, save_results
 from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
+from streamchat.terminal.reporting import notify, reported_errors, stderr
 
 if TYPE_CHECKING:
     from streamchat.bench.models import BenchModel
@@ -237,9 +237,9 @@ def keep(
 
     Defaults: 40 turns through a 256-token window; the answer's log-probability after turn 1 and turn 40.
     """
-    from streamchat.terminal.transcript import UserTurn, read_transcript_file
     from streamchat.bench import keep as bench
     from streamchat.bench.memory import out_of_memory_errors
+    from streamchat.terminal.transcript import UserTurn, read_transcript_file
 
     with reported_errors():
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)

@@ -18,12 +18,12 @@ from typing import Any
 from rich.console import Console
 
 from streamchat import defaults
-from streamchat.terminal.display import ChatDisplay
 from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
+from streamchat.terminal.display import ChatDisplay
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The live display may cost at most this share of decode speed.

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from streamchat.terminal.tables import print_table
 from streamchat.errors import ConfigError
+from streamchat.terminal.tables import print_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from streamchat.errors import StreamchatError
 from streamchat.terminal.safe_text import safe_text
 from streamchat.terminal.signals import Terminated
-from streamchat.errors import StreamchatError
 
 # What shells report for a process ended by Ctrl-C: 128 + SIGINT.
 INTERRUPTED_EXIT_CODE = 130

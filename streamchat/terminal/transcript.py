@@ -45,8 +45,8 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Literal, Protocol, TextIO, get_args
 
-from streamchat.terminal.safe_text import safe_plain
 from streamchat.errors import TranscriptError
+from streamchat.terminal.safe_text import safe_plain
 
 TranscriptFormat = Literal["auto", "text", "jsonl", "mtbench"]
 TurnSplit = Literal["line", "blank-line"]

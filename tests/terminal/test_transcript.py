@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from streamchat.errors import TranscriptError
 from streamchat.terminal.transcript import (
     EXAMPLE,
     SkippedLine,
@@ -23,7 +24,6 @@ from streamchat.terminal.transcript import (
     transcript_path,
     transcript_writer,
 )
-from streamchat.errors import TranscriptError
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
