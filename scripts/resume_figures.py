@@ -32,7 +32,7 @@ from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
 from streamchat.loading import LoadOptions, load_model
-from streamchat.terminal.transcript import UserTurn, read_transcript_file
+from streamchat.interface.transcript import UserTurn, read_transcript_file
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     settings = GenerationSettings(max_new_tokens=48, temperature=0.7, top_p=0.9, seed=1)
     options = SessionOptions(keep=keep, window=arguments.window, settings=settings)
 
-    from streamchat.app.config import RunConfig
+    from streamchat.interface.config import RunConfig
 
     key = state_key(RunConfig(keep=keep, window=arguments.window), loaded)
     items = read_transcript_file(arguments.transcript, transcript_format="auto", turns="line")

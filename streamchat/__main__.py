@@ -1,3 +1,3 @@
-from streamchat.app.cli import main
+from streamchat.cli import main
 
 main()

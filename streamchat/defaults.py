@@ -47,6 +47,8 @@ DEVICE = "auto"
 DTYPE = "auto"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# --device-map: "auto" spreads the layers over every GPU (accelerate).
+DEVICE_MAPS = ("auto",)
 # Weight-only quantization of the linear layers; "auto" settles per device (loading/quantization.py).
 QUANTIZE = "auto"
 QUANTIZATIONS = ("auto", "none", "int8", "int4")

@@ -25,9 +25,9 @@ from streamchat.engine.events import Event, StopReason, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import CommandError, RankLostError, StreamchatError
-from streamchat.terminal.display import ChatDisplay, turn_stats_line
-from streamchat.terminal.signals import Interrupted, termination_deferred
-from streamchat.terminal.status import first_words, status_figures
+from streamchat.interface.display import ChatDisplay, turn_stats_line
+from streamchat.interface.signals import Interrupted, termination_deferred
+from streamchat.interface.status import first_words, status_figures
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What `streamchat models` and `streamchat sessions` print: a table for people, records for --json."""
+"""What `streamchat models`, `sessions` and `info` print: a table for people, records for --json."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from rich.table import Table
 from rich.text import Text
 
 from streamchat.engine.session_file import SessionSummary
+from streamchat.interface.safe_text import safe_text
+from streamchat.interface.status import first_words
 from streamchat.loading.catalog import CatalogEntry
-from streamchat.terminal.safe_text import safe_text
-from streamchat.terminal.status import first_words
+from streamchat.loading.loader import LoadedModel
+from streamchat.loading.resolve import ModelSource
 
 # Characters of a session's first message that the sessions table shows.
 FIRST_MESSAGE_PREVIEW = 60
@@ -73,3 +75,49 @@ def _availability(entry: CatalogEntry) -> str:
     if entry.source.kind == "gguf":
         return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
     return "yes, in the Hugging Face cache" if entry.offline else "no"
+
+
+def model_summary(loaded: LoadedModel) -> Table:
+    """What `streamchat info` prints about a loaded model."""
+    rows = {
+        "model": loaded.source.name,
+        "source": _describe_source(loaded.source),
+        "model type": loaded.model_type,
+        "parameters": _count(loaded.parameters),
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "quantization": _describe_quantization(loaded),
+        "max context": f"{loaded.max_context:,} tokens" if loaded.max_context else "not stated",
+        "chat template": "yes" if loaded.has_chat_template else "no",
+        "load time": f"{loaded.load_seconds:.1f} s",
+    }
+    if loaded.source.kind != "directory":
+        rows["files"] = str(loaded.directory)
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows.items():
+        table.add_row(key, safe_text(value))
+    return table
+
+
+def _describe_quantization(loaded: LoadedModel) -> str:
+    if loaded.quantization == "none":
+        return "none"
+    return f"{loaded.quantization} weights (quantized in {loaded.quantize_seconds:.2f} s)"
+
+
+def _describe_source(source: ModelSource) -> str:
+    if source.kind == "gguf":
+        return f"GGUF file {source.location}"
+    if source.kind == "hub":
+        return f"Hugging Face hub {source.location}"
+    return f"directory {source.location}"
+
+
+def _count(parameters: int) -> str:
+    if parameters >= 1_000_000_000:
+        return f"{parameters / 1e9:.2f}B"
+    if parameters >= 1_000_000:
+        return f"{parameters / 1e6:.1f}M"
+    return f"{parameters:,}"

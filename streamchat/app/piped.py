@@ -20,10 +20,10 @@ from streamchat.engine.events import Event, NotResumed, PromptSkipped, TextDelta
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession
 from streamchat.errors import TranscriptError
-from streamchat.terminal.display import ChatDisplay, prompt_skipped_text
-from streamchat.terminal.reporting import INTERRUPTED_EXIT_CODE
-from streamchat.terminal.signals import termination_deferred
-from streamchat.terminal.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
+from streamchat.interface.display import ChatDisplay, prompt_skipped_text
+from streamchat.interface.reporting import INTERRUPTED_EXIT_CODE
+from streamchat.interface.signals import termination_deferred
+from streamchat.interface.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 
 
 def run_transcript(

@@ -19,7 +19,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
 from streamchat.app.commands import complete
 from streamchat.engine.events import CacheStats
-from streamchat.terminal.status import BAR_CHARACTERS, bar_segments, fit_status
+from streamchat.interface.status import BAR_CHARACTERS, bar_segments, fit_status
 
 BLOCK_QUOTE = '"""'
 PROMPT = "› "

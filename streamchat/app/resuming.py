@@ -21,9 +21,9 @@ from streamchat.errors import ConfigError
 from streamchat.loading.identity import quantization_of, weights_fingerprint
 
 if TYPE_CHECKING:
-    from streamchat.app.config import RunConfig
     from streamchat.engine.events import Event
     from streamchat.engine.session import ChatSession
+    from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
 
 

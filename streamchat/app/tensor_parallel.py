@@ -18,28 +18,15 @@ import warnings
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from streamchat import defaults
-from streamchat.app.config import RunConfig
 from streamchat.errors import ConfigError, PeerLostError
+from streamchat.interface.config import RunConfig, load_options
+from streamchat.interface.reporting import stderr
 from streamchat.loading import LoadedModel, LoadOptions
-from streamchat.terminal.reporting import stderr
-
-TpOption = Annotated[
-    str | None,
-    typer.Option(
-        "--tp",
-        help="Tensor parallelism: shard the model over N processes that run each step together (one per GPU, "
-        "or CPU processes). --tp N starts them on this machine; --tp alone joins the processes torchrun started "
-        "(torchrun --nproc-per-node N -m streamchat run --tp; --nnodes for several machines).",
-        rich_help_panel="Model",
-        show_default=False,
-        metavar="[N]",
-    ),
-]
 
 
 def with_optional_tp_value(arguments: list[str]) -> list[str]:
@@ -71,9 +58,8 @@ def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedM
                 "--tp without a number joins the processes torchrun started, and this is not one: run "
                 "`torchrun --nproc-per-node N -m streamchat run --tp ...`, or give --tp N to start N here"
             )
-        from streamchat.app.launch import load_options
+        from streamchat.interface.reporting import notify
         from streamchat.loading.loader import check_shardable
-        from streamchat.terminal.reporting import notify
 
         # Once, here: the ranks find the files in place, and a model they cannot shard is refused once.
         check_shardable(dataclasses.replace(load_options(config), tp_size=config.tp), notify)
@@ -110,7 +96,7 @@ def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], Loade
 
 
 def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
-    from streamchat.app.launch import load_options, run_chat, session_for
+    from streamchat.app.launch import run_chat, session_for
     from streamchat.distributed.follower import follow
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
@@ -166,10 +152,9 @@ def _files_everywhere(config: RunConfig, lockstep: Any) -> None:
     """Every rank fetches or converts the model's files, then waits (as long as it takes) for the others."""
     import torch.distributed as dist
 
-    from streamchat.app.launch import load_options
     from streamchat.distributed.lockstep import lost_ranks_reported
+    from streamchat.interface.reporting import notify
     from streamchat.loading.loader import fetch_model_files
-    from streamchat.terminal.reporting import notify
 
     fetch_model_files(load_options(config), notify if lockstep.leads else lambda text: None)
     with lost_ranks_reported(lockstep.rank, "waiting for every rank to have the model's files"):

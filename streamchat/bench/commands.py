@@ -1,8 +1,9 @@
-"""`streamchat bench ppl|speed|keep|display`: the Typer sub-app (mounted by streamchat.app.cli as `bench`).
+"""`streamchat bench ppl|speed|keep|display|decode`: the Typer sub-app (streamchat.cli mounts it as `bench`).
 
-Each command prints a table and the target checks, and writes CSV files (and, for ppl
-and speed, a PNG plot) into --out. torch, transformers and matplotlib load only once a
-command runs.
+The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come
+from the environment and the config file. Each command prints a table and the target
+checks, and writes CSV files (and, for ppl and speed, a PNG plot) into --out. torch,
+transformers and matplotlib load only once a command runs.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.app.tensor_parallel import TpOption
 from streamchat.bench.report import print_report, save_results
 from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
-from streamchat.terminal.reporting import notify, reported_errors, stderr
+from streamchat.interface.config import RunConfig, load_options, load_run_config
+from streamchat.interface.options import DeviceOption, DtypeOption, ModelOption, QuantizeOption, TpOption
+from streamchat.interface.reporting import notify, reported_errors, stderr
 
 if TYPE_CHECKING:
     from streamchat.bench.models import BenchModel
@@ -34,24 +36,6 @@ bench_app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-ModelOption = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        help="An alias, hub id, model directory or .gguf file (see `streamchat models`). Default: SmolLM2-135M.",
-        show_default=False,
-    ),
-]
-DeviceOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DEVICES)}]", help="Where the model runs.")]
-DtypeOption = Annotated[str, typer.Option(metavar=f"[{'|'.join(defaults.DTYPES)}]", help="Weight precision.")]
-QuantizeOption = Annotated[
-    str,
-    typer.Option(
-        metavar=f"[{'|'.join(defaults.QUANTIZATIONS)}]",
-        help="Weight-only quantization of the linear layers, as for `streamchat run`.",
-    ),
-]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.")]
 QuickOption = Annotated[
     bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
@@ -90,9 +74,9 @@ def ppl(
         _size("The keep policy's kept prefix (first tokens), in a cache of the same capacity.", defaults.PPL_KEEP),
     ] = None,
     model: ModelOption = None,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
-    quantize: QuantizeOption = defaults.QUANTIZE,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -111,7 +95,7 @@ def ppl(
         if "keep" in chosen:
             bench.require_keep_fits(sizes)
         content = bench.read_text(text, start_at)
-        loaded = _load(model, device, dtype, quantize)
+        loaded = _load(_configured(model, device, dtype, quantize))
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
         with out_of_memory_errors("--tokens or --window"):
             runs = bench.run_policies(loaded.model, ids, chosen, sizes, stderr)
@@ -162,9 +146,9 @@ def speed(
     steps: Annotated[
         int | None, _size("Decode steps timed per policy at each checkpoint.", defaults.SPEED_STEPS)
     ] = None,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
-    quantize: QuantizeOption = defaults.QUANTIZE,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
     tp: TpOption = None,
@@ -179,10 +163,11 @@ def speed(
 
     if tp is not None:
         from streamchat.bench.tensor_parallel import tp_speed
-        from streamchat.loading import LoadOptions, load_model
+        from streamchat.loading import load_model
 
         with reported_errors():
-            options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
+            config = _configured(model, device, dtype, quantize, random_init)
+            options = load_options(config)
             steps = steps or defaults.TP_BENCH_STEPS
             code = tp_speed(tp, options, window or defaults.WINDOW, steps, load_model, stderr.print, random_init)
         raise typer.Exit(code)
@@ -192,7 +177,7 @@ def speed(
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
         with out_of_memory_errors("--window"):
-            chosen = _bench_model(model, random_init, device, dtype, quantize)
+            chosen = _bench_model(_configured(model, device, dtype, quantize, random_init), random_init)
             measurements, memory_kind = bench.run_speed(
                 chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
             )
@@ -227,9 +212,9 @@ def keep(
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.KEEP_BENCH_WINDOW)] = None,
     reply_tokens: Annotated[int | None, _size("Longest generated reply.", 96)] = None,
     model: ModelOption = None,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
-    quantize: QuantizeOption = defaults.QUANTIZE,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -239,13 +224,13 @@ def keep(
     """
     from streamchat.bench import keep as bench
     from streamchat.bench.memory import out_of_memory_errors
-    from streamchat.terminal.transcript import UserTurn, read_transcript_file
+    from streamchat.interface.transcript import UserTurn, read_transcript_file
 
     with reported_errors():
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)
         items = read_transcript_file(str(transcript), transcript_format="auto", turns="line")
         texts = bench.user_turns((item.text for item in items if isinstance(item, UserTurn)), sizes.turns)
-        loaded = _load(model, device, dtype, quantize)
+        loaded = _load(_configured(model, device, dtype, quantize))
         with out_of_memory_errors("--window"):
             conversation = bench.generate_conversation(
                 loaded.model,
@@ -281,10 +266,12 @@ def display(
     model: ModelOption = None,
     trials: Annotated[int, typer.Option(help="Replies per side (the median counts).")] = defaults.DISPLAY_TRIALS,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply.")] = defaults.DISPLAY_MAX_NEW_TOKENS,
-    window: Annotated[int, typer.Option(help=WINDOW_HELP)] = defaults.WINDOW,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
-    quantize: QuantizeOption = defaults.QUANTIZE,
+    window: Annotated[
+        int | None, _size(f"{WINDOW_HELP} As for `run`, also from the environment and config file.", defaults.WINDOW)
+    ] = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
@@ -292,8 +279,9 @@ def display(
     from streamchat.bench.memory import out_of_memory_errors
 
     with reported_errors():
-        sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=window)
-        loaded = _load(model, device, dtype, quantize)
+        config = _configured(model, device, dtype, quantize, window=window)
+        sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=config.window)
+        loaded = _load(config)
         with out_of_memory_errors("--window or --max-new-tokens"):
             result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         columns, rows = bench.columns(), bench.rows(result)
@@ -318,9 +306,9 @@ def decode(
         bool,
         typer.Option("--compiled/--no-compiled", help="Also time the compiled decode step (compiles first, untimed)."),
     ] = True,
-    device: DeviceOption = defaults.DEVICE,
-    dtype: DtypeOption = defaults.DTYPE,
-    quantize: QuantizeOption = defaults.QUANTIZE,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
@@ -331,19 +319,22 @@ def decode(
     llama.cpp on the same GGUF when llama-cpp-python is installed. Greedy, same prompt,
     trials alternating between rows.
     """
-    from streamchat.app.launch import use_compile_cache
     from streamchat.bench import decode as bench
     from streamchat.bench.memory import out_of_memory_errors
+    from streamchat.loading.conversion import use_compile_cache
 
     with reported_errors():
         given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window}
         sizes = dataclasses.replace(sizes_for(quick, bench.FULL, bench.QUICK, **given), full_cache=full_cache)
-        setting = bench.run_defaults(dtype, quantize)
-        device_type = _device_type(device)
+        config = _configured(model, device, dtype, quantize, random_init)
+        setting = bench.run_defaults(config.dtype, config.quantize)
+        device_type = _device_type(config.device)
         use_compile_cache()
 
         def subject_for(chosen: bench.Setting) -> bench.Subject:
-            loaded = _bench_model(model, random_init, device, chosen.dtype, chosen.quantize)
+            loaded = _bench_model(
+                dataclasses.replace(config, dtype=chosen.dtype, quantize=chosen.quantize), random_init
+            )
             tokenizer = getattr(loaded, "tokenizer", None)
             if full_cache or tokenizer is None:
                 ids = bench.filling_ids(loaded.model, sizes)
@@ -353,12 +344,12 @@ def decode(
 
         gguf = None
         if random_init is None and device_type == "cpu":
-            gguf, reason = bench.llama_cpp_gguf(model)
+            gguf, reason = bench.llama_cpp_gguf(config.model)
             if gguf is None:
                 stderr.print(reason, markup=False)
         with out_of_memory_errors("--window or --max-new-tokens"):
             rows = bench.measure(setting, sizes, subject_for, device_type, compiled, gguf)
-        name = f"random {random_init}" if random_init else model or defaults.DEFAULT_MODEL
+        name = f"random {random_init}" if random_init else config.model
         title = (
             f"Decode speed: {escape(name)} on {device_type}, greedy, {sizes.max_new_tokens} tokens per reply, "
             f"cache {sizes.sinks}+{sizes.window}{' full' if full_cache else ''}, median of {sizes.trials}"
@@ -387,11 +378,24 @@ def _stdout() -> Console:
     return Console(highlight=False, emoji=False)
 
 
-def _load(model: str | None, device: str, dtype: str, quantize: str) -> LoadedModel:
-    from streamchat.loading import LoadOptions, load_model
+def _configured(
+    model: str | None,
+    device: str | None,
+    dtype: str | None,
+    quantize: str | None,
+    random_init: str | None = None,
+    **more: object,
+) -> RunConfig:
+    """The model options as `run` takes them: the command line's, else the environment's, the file's, the defaults."""
+    if model is not None and random_init is not None:
+        raise ConfigError("--model and --random-init exclude each other: give one")
+    return load_run_config({"model": model, "device": device, "dtype": dtype, "quantize": quantize, **more})
 
-    options = LoadOptions(model=model, device=device, dtype=dtype, quantize=quantize)
-    return load_model(options, notify=notify)
+
+def _load(config: RunConfig) -> LoadedModel:
+    from streamchat.loading import load_model
+
+    return load_model(load_options(config), notify=notify)
 
 
 def _precision(loaded: LoadedModel | BenchModel) -> str:
@@ -400,14 +404,12 @@ def _precision(loaded: LoadedModel | BenchModel) -> str:
     return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
 
 
-def _bench_model(model: str | None, random_init: str | None, device: str, dtype: str, quantize: str) -> BenchModel:
+def _bench_model(config: RunConfig, random_init: str | None) -> BenchModel:
     from streamchat.bench.models import BenchModel, random_model
 
-    if random_init is None:
-        loaded = _load(model, device, dtype, quantize)
-        return BenchModel(
-            loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
-        )
-    if model is not None:
-        raise ConfigError("--model and --random-init exclude each other: give one")
-    return random_model(random_init, device, dtype, quantize)
+    if random_init is not None:
+        return random_model(random_init, config.device, config.dtype, config.quantize)
+    loaded = _load(config)
+    return BenchModel(
+        loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
+    )

@@ -20,10 +20,11 @@ from rich.console import Console
 from streamchat import defaults
 from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
+from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
-from streamchat.terminal.display import ChatDisplay
+from streamchat.interface.display import ChatDisplay
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The live display may cost at most this share of decode speed.
@@ -41,7 +42,7 @@ class DisplaySizes:
         require_at_least("--trials", self.trials, 1)
         # Decode speed needs a second token: the first comes from the prefill.
         require_at_least("--max-new-tokens", self.max_new_tokens, 2)
-        require_at_least("--window", self.window, 1)
+        require_at_least("--window", self.window, SMALLEST_WINDOW)
         require_at_least("--sinks", self.sinks, 0)
 
 

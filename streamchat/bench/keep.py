@@ -30,6 +30,7 @@ from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import chunk_sizes
+from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
 from streamchat.engine.events import TurnFinished
 from streamchat.engine.kept_prefix import Keep, kept_tokens
@@ -58,7 +59,7 @@ class KeepSizes:
 
     def __post_init__(self) -> None:
         require_at_least("--turns", self.turns, 1)
-        require_at_least("--window", self.window, 1)
+        require_at_least("--window", self.window, SMALLEST_WINDOW)
         require_at_least("--reply-tokens", self.reply_tokens, 1)
 
 

@@ -27,6 +27,7 @@ from streamchat import defaults
 from streamchat.bench.perplexity import OnScored, dense_nll, recompute_nll, streaming_nll
 from streamchat.bench.report import Check, Column, Row
 from streamchat.bench.sizes import require_at_least
+from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class PplSizes:
     def __post_init__(self) -> None:
         require_at_least("--tokens", self.tokens, 2)
         require_at_least("--sinks", self.sinks, 0)
-        require_at_least("--window", self.window, 1)
+        require_at_least("--window", self.window, SMALLEST_WINDOW)
         require_at_least("--chunk", self.chunk, 1)
         require_at_least("--keep", self.keep, 0)
         if self.chunk > self.window:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamchat.errors import ConfigError
-from streamchat.terminal.tables import print_table
+from streamchat.interface.tables import print_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

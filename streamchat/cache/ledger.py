@@ -28,6 +28,9 @@ from dataclasses import dataclass
 
 from streamchat.errors import CacheConfigError
 
+# A decode step needs one free slot in the window.
+SMALLEST_WINDOW = 1
+
 Run = tuple[int, int]  # a [start, stop) range of slots
 
 
@@ -141,8 +144,10 @@ class StreamLedger:
     def __init__(self, sinks: int, window: int) -> None:
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
             raise CacheConfigError(f"sinks={sinks!r}: must be a whole number >= 0")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise CacheConfigError(f"window={window!r}: must be a whole number >= 1 (a decode step needs one slot)")
+        if isinstance(window, bool) or not isinstance(window, int) or window < SMALLEST_WINDOW:
+            raise CacheConfigError(
+                f"window={window!r}: must be a whole number >= {SMALLEST_WINDOW} (a decode step needs one slot)"
+            )
         self.sinks = sinks
         self.window = window
         self.sinks_held = 0

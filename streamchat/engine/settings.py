@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from transformers import GenerationConfig
+from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 # Largest seed torch.Generator.manual_seed accepts.
 MAX_SEED = 2**64 - 1
@@ -25,20 +25,53 @@ MAX_SEED = 2**64 - 1
 RANDOM_SEED = "random"
 NO_STOP = "none"
 
-# name -> (type, accepted values, how an error message states them)
-_RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
-    "max_new_tokens": (int, lambda value: value >= 1, "a whole number of at least 1"),
-    "temperature": (float, lambda value: value >= 0, "a number of at least 0 (0 = greedy)"),
-    "top_p": (float, lambda value: 0 < value <= 1, "a number above 0 and at most 1 (1 = off)"),
-    "top_k": (int, lambda value: value >= 0, "a whole number of at least 0 (0 = off)"),
-    "min_p": (float, lambda value: 0 <= value <= 1, "a number from 0 to 1 (0 = off)"),
-    "repetition_penalty": (float, lambda value: value > 0, "a number above 0 (1 = off)"),
-    "seed": (
-        int,
-        lambda value: 0 <= value <= MAX_SEED,
-        f"a whole number from 0 to {MAX_SEED}, or {RANDOM_SEED!r}",
-    ),
+
+@dataclass(frozen=True)
+class Rule:
+    """The values a numeric setting accepts, stated once for `/set`, the config file and the command line."""
+
+    kind: type  # int or float
+    minimum: int
+    maximum: int | None = None
+    above_minimum: bool = False  # the minimum itself is refused
+    note: str = ""  # the value that turns the setting off, e.g. "0 = off"
+
+    def accepts(self, value: float) -> bool:
+        above = value > self.minimum if self.above_minimum else value >= self.minimum
+        return above and (self.maximum is None or value <= self.maximum)
+
+    @property
+    def limits(self) -> str:
+        """The bounds, tersely: ">= 0", "> 0 and <= 1", "between 0 and 1"."""
+        if self.maximum is None:
+            return f"{'>' if self.above_minimum else '>='} {self.minimum}"
+        if self.above_minimum:
+            return f"> {self.minimum} and <= {self.maximum}"
+        return f"between {self.minimum} and {self.maximum}"
+
+    @property
+    def described(self) -> str:
+        """The bounds in words, with what the setting's off value is: "a number of at least 0 (0 = greedy)"."""
+        noun = "a whole number" if self.kind is int else "a number"
+        if self.maximum is None:
+            bounds = f"above {self.minimum}" if self.above_minimum else f"of at least {self.minimum}"
+        elif self.above_minimum:
+            bounds = f"above {self.minimum} and at most {self.maximum}"
+        else:
+            bounds = f"from {self.minimum} to {self.maximum}"
+        return f"{noun} {bounds}" + (f" ({self.note})" if self.note else "")
+
+
+SAMPLING_RULES = {
+    "max_new_tokens": Rule(int, 1),
+    "temperature": Rule(float, 0, note="0 = greedy"),
+    "top_p": Rule(float, 0, 1, above_minimum=True, note="1 = off"),
+    "top_k": Rule(int, 0, note="0 = off"),
+    "min_p": Rule(float, 0, 1, note="0 = off"),
+    "repetition_penalty": Rule(float, 0, above_minimum=True, note="1 = off"),
+    "seed": Rule(int, 0, MAX_SEED),
 }
+
 _STOP_ALLOWED = f"words separated by spaces (quote one that holds a space), or {NO_STOP!r}"
 
 
@@ -56,13 +89,13 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()  # strings that end a reply where they appear
 
     def __post_init__(self) -> None:
-        for name, (kind, accepts, allowed) in _RULES.items():
+        for name, rule in SAMPLING_RULES.items():
             value = getattr(self, name)
             if name == "seed" and value is None:
                 continue
-            if not _is_number(value, kind) or not accepts(value):
-                raise ConfigError(f"{name} must be {allowed}, got {value!r}.")
-            object.__setattr__(self, name, kind(value))  # a config's temperature 1 becomes 1.0
+            if not _is_number(value, rule.kind) or not rule.accepts(value):
+                raise ConfigError(f"{name} must be {_allowed(name)}, got {value!r}.")
+            object.__setattr__(self, name, rule.kind(value))  # a config's temperature 1 becomes 1.0
         if not isinstance(self.stop, tuple) or not all(isinstance(text, str) and text for text in self.stop):
             raise ConfigError(f"stop must be a tuple of non-empty strings, got {self.stop!r}.")
 
@@ -95,11 +128,10 @@ class GenerationSettings:
             return dataclasses.replace(self, stop=_parse_stop(text))
         if key == "seed" and text.lower() == RANDOM_SEED:
             return dataclasses.replace(self, seed=None)
-        kind, _, allowed = _RULES[key]
         try:
-            value = kind(text)
+            value = SAMPLING_RULES[key].kind(text)
         except ValueError:
-            raise ConfigError(f"{key} must be {allowed}, got {text!r}.") from None
+            raise ConfigError(f"{key} must be {_allowed(key)}, got {text!r}.") from None
         return dataclasses.replace(self, **{key: value})
 
     def as_pairs(self) -> list[tuple[str, str]]:
@@ -108,6 +140,11 @@ class GenerationSettings:
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationSettings))
+
+
+def _allowed(name: str) -> str:
+    described = SAMPLING_RULES[name].described
+    return f"{described}, or {RANDOM_SEED!r}" if name == "seed" else described
 
 
 def _is_number(value: Any, kind: type) -> bool:

@@ -134,3 +134,11 @@ def _sweep_siblings(entry: Path) -> None:
 
 def _age_s(path: Path) -> float:
     return time.time() - path.stat().st_mtime
+
+
+def use_compile_cache() -> None:
+    """Keep torch.compile's generated code in streamchat's cache dir, so the next start skips compiling.
+
+    TorchInductor caches by default under /tmp, which a reboot empties; $TORCHINDUCTOR_CACHE_DIR wins.
+    """
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))

@@ -16,7 +16,6 @@ from pathlib import Path
 from streamchat import defaults
 from streamchat.errors import ConfigError
 
-DEVICE_MAPS = ("auto",)
 # How messages list the accepted --device and --dtype values.
 DEVICE_NAMES = f"{', '.join(defaults.DEVICES)}, or cuda:N"
 DTYPE_NAMES = ", ".join(defaults.DTYPES)
@@ -128,7 +127,7 @@ def plan_placement(device: str, dtype: str, device_map: str | None, accelerators
     if device_map is None:
         chosen = choose_device(device, accelerators)
         return Placement(chosen, choose_dtype(dtype, chosen, accelerators), device_map=chosen)
-    if device_map not in DEVICE_MAPS:
+    if device_map not in defaults.DEVICE_MAPS:
         raise ConfigError(f"--device-map {device_map!r} is not supported; use --device-map auto or leave it out")
     if device not in ("auto", "cuda"):
         raise ConfigError(f"--device-map auto spreads the model over CUDA GPUs; drop it or --device {device}")

@@ -13,7 +13,7 @@ from streamchat.engine.events import TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.session_file import read_session
 from streamchat.engine.settings import GenerationSettings
-from streamchat.terminal.safe_text import safe_plain
+from streamchat.interface.safe_text import safe_plain
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 from tests.support.processes import in_foreground
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from streamchat.app.config import RunConfig
+from streamchat.interface.config import RunConfig
 from streamchat.app.resuming import session_to_resume
 from streamchat.engine.cache_file import state_path
 from streamchat.engine.session_file import read_session

@@ -20,7 +20,7 @@ from streamchat.distributed.supervisor import free_port
 from streamchat.engine.events import Evicted, TurnFinished
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
-from streamchat.terminal.safe_text import safe_plain
+from streamchat.interface.safe_text import safe_plain
 
 OPTIONS = ["--max-new-tokens", "30", "--temperature", "0", "--window", "40", "--dtype", "float32", "--quantize", "none"]
 TURNS = ["Hello there", "How are you?", "Tell me a story."]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamchat.errors import TranscriptError
-from streamchat.terminal.transcript import (
+from streamchat.interface.transcript import (
     EXAMPLE,
     SkippedLine,
     SystemPrompt,

@@ -17,7 +17,7 @@ from streamchat.engine.events import (
     TurnFinished,
     TurnStats,
 )
-from streamchat.terminal.display import ChatDisplay, reading_line
+from streamchat.interface.display import ChatDisplay, reading_line
 
 FULL = CacheStats(sinks_held=4, sink_capacity=4, window_used=40, window_capacity=40, seen=100, evicted=56)
 STATS = TurnStats(

@@ -35,8 +35,8 @@ from streamchat.engine.events import (
     TurnFinished,
     TurnStats,
 )
-from streamchat.terminal.safe_text import safe_plain, safe_text
-from streamchat.terminal.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
+from streamchat.interface.safe_text import safe_plain, safe_text
+from streamchat.interface.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words
 
 SEGMENT_STYLES = {"sinks": "magenta", "window": "cyan", "free": "bright_black"}
 # Redraws of the live area, at most; drawn between tokens on the main thread (no refresh

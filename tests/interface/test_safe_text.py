@@ -6,7 +6,7 @@ import re
 import pytest
 from rich.console import Console
 
-from streamchat.terminal.safe_text import safe_plain, safe_text, terminal_safe
+from streamchat.interface.safe_text import safe_plain, safe_text, terminal_safe
 
 # Each class of hostile sequence, and what the user sees in its place.
 HOSTILE = [

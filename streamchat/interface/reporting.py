@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.text import Text
 
 from streamchat.errors import StreamchatError
-from streamchat.terminal.safe_text import safe_text
-from streamchat.terminal.signals import Terminated
+from streamchat.interface.safe_text import safe_text
+from streamchat.interface.signals import Terminated
 
 # What shells report for a process ended by Ctrl-C: 128 + SIGINT.
 INTERRUPTED_EXIT_CODE = 130

@@ -36,7 +36,7 @@ def test_ctrl_c_caught_inside_exec_compiled_code_exits_with_the_chosen_code(tmp_
         textwrap.dedent(
             """
             import os, signal, sys
-            from streamchat.terminal import signals
+            from streamchat.interface import signals
             signals.install()
             try:
                 exec("os.kill(os.getpid(), signal.SIGINT)", {"os": os, "signal": signal})
@@ -56,7 +56,7 @@ def test_a_terminating_signal_during_a_reply_stops_it_and_is_raised_once_the_tur
     result = run_python(
         f"""
         import os, sys
-        from streamchat.terminal import signals
+        from streamchat.interface import signals
         signals.install()
         stopped = []
         try:
@@ -76,7 +76,7 @@ def test_signals_ignored_by_whoever_started_streamchat_stay_ignored():
     result = run_python(
         """
         import signal
-        from streamchat.terminal import signals
+        from streamchat.interface import signals
         signals.install()
         print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
         """,

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, Protocol, TextIO, get_args
 
 from streamchat.errors import TranscriptError
-from streamchat.terminal.safe_text import safe_plain
+from streamchat.interface.safe_text import safe_plain
 
 TranscriptFormat = Literal["auto", "text", "jsonl", "mtbench"]
 TurnSplit = Literal["line", "blank-line"]
@@ -273,7 +273,7 @@ class _BlockWriter:
         text:      "USER: Hi there.\n\nASSISTANT: Hello!\n"
         markdown:  "### User\n\nHi there.\n\n### Assistant\n\nHello!\n"
 
-    Content is terminal-safe (see streamchat.terminal.safe_text): these transcripts end up on
+    Content is terminal-safe (see streamchat.interface.safe_text): these transcripts end up on
     terminals (`cat`, `less -R`, the pipe itself), so control characters are written as
     their visible markers.
     """

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from streamchat.terminal.tables import print_table
+from streamchat.interface.tables import print_table
 
 HUB_ID = "meta-llama/Llama-2-7b-chat-hf"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from streamchat import defaults
-from streamchat.app.config import (
+from streamchat.interface.config import (
     RunConfig,
     config_file_location,
     find_config_file,
@@ -37,7 +37,7 @@ def test_defaults_come_from_defaults_py_and_sampling_stays_unset() -> None:
         defaults.WINDOW,
         None,
     )
-    assert (config.device, config.dtype, config.quantize, config.evict) == (
+    assert (config.device, config.dtype, config.quantize, config.eviction) == (
         defaults.DEVICE,
         defaults.DTYPE,
         defaults.QUANTIZE,
@@ -120,7 +120,7 @@ turns = "blank-line"
         system="Be brief.",
         device="cuda:1",
         dtype="bfloat16",
-        evict="turn",
+        eviction="turn",
         trust_remote_code=True,
         allow_pickle=True,
         markdown=True,
@@ -149,7 +149,7 @@ EVERY_OPTION = {
     "dtype": ("float16", "float16"),
     "quantize": ("int4", "int4"),
     "device_map": ("auto", "auto"),
-    "evict": ("turn", "turn"),
+    "eviction": ("turn", "turn"),
     "read_all": ("true", True),
     "compile": ("on", "on"),
     "trust_remote_code": ("1", True),
