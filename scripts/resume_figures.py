@@ -31,8 +31,8 @@ from streamchat.engine.events import Replayed, Resumed, TurnFinished
 from streamchat.engine.journal import Journal
 from streamchat.engine.session import ChatSession, SessionOptions
 from streamchat.engine.settings import GenerationSettings
-from streamchat.loading import LoadOptions, load_model
 from streamchat.interface.transcript import UserTurn, read_transcript_file
+from streamchat.loading import LoadOptions, load_model
 
 
 def main() -> None:

@@ -20,8 +20,11 @@ which is decode(ids, skip_special_tokens=True) for transformers 5 tokenizers.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 # What a decoder writes for a byte sequence that is not (yet) valid UTF-8.
 _REPLACEMENT_CHARACTER = "\ufffd"

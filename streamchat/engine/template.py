@@ -38,14 +38,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
-from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from streamchat import defaults
 from streamchat.engine.detokenize import special_token_ids
 from streamchat.errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 Message = dict[str, str]
 

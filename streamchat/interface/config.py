@@ -25,6 +25,8 @@ import platformdirs
 
 from streamchat import defaults
 from streamchat.cache.ledger import SMALLEST_WINDOW
+from streamchat.engine.kept_prefix import parse_keep
+from streamchat.engine.session_options import eviction_policy
 from streamchat.engine.settings import SAMPLING_RULES
 from streamchat.errors import ConfigError
 from streamchat.interface.transcript import (
@@ -39,6 +41,7 @@ from streamchat.interface.values import (
     Converter,
     boolean,
     checked,
+    checked_by,
     integer,
     number,
     one_of,
@@ -70,11 +73,7 @@ def _option(default: object, convert: Converter) -> Any:
 
 
 _NOT_EMPTY = checked(text, bool, "must not be empty")
-_KEEP = word_or_number(
-    defaults.KEEP_SYSTEM,
-    0,
-    f"must be {defaults.KEEP_SYSTEM!r} (the system turn) or a whole number of first tokens >= 0",
-)
+_KEEP = checked_by(parse_keep, f"{defaults.KEEP_SYSTEM!r} (the system turn) or a whole number of first tokens >= 0")
 _TP = word_or_number(
     defaults.TP_AUTO, 1, f"must be a number of ranks >= 1, or {defaults.TP_AUTO!r} (as many as torchrun started)"
 )
@@ -103,7 +102,9 @@ class RunConfig:
     dtype: str = _option(defaults.DTYPE, checked(text, is_dtype_name, f"must be one of {DTYPE_NAMES}"))
     quantize: str = _option(defaults.QUANTIZE, checked(text, is_quantize_name, f"must be one of {QUANTIZE_NAMES}"))
     device_map: str | None = _option(None, text)
-    eviction: str = _option(defaults.EVICTION_POLICY, one_of(defaults.EVICTION_POLICIES))
+    eviction: str = _option(
+        defaults.EVICTION_POLICY, checked_by(eviction_policy, f"one of {', '.join(defaults.EVICTION_POLICIES)}")
+    )
     read_all: bool = _option(defaults.READ_ALL, boolean)
     compile: str = _option(defaults.COMPILE, one_of(defaults.COMPILE_SETTINGS))
     trust_remote_code: bool = _option(False, boolean)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from streamchat.errors import ConfigError
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -80,6 +82,18 @@ def checked(convert: Converter, holds: Callable[[Any], bool], rule: str) -> Conv
         return value
 
     return convert_and_check
+
+
+def checked_by(check: Callable[[object], Any], rule: str) -> Converter:
+    """An option the engine checks itself (raising ConfigError): its check, and the rule in these words."""
+
+    def convert(raw: object) -> Any:
+        try:
+            return check(raw)
+        except ConfigError:
+            raise ValueError(f"must be {rule}") from None
+
+    return convert
 
 
 def word_or_number(word: str, least: int, rule: str) -> Converter:

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from streamchat import defaults
+from streamchat.errors import ConfigError
 from streamchat.interface.config import (
     RunConfig,
     config_file_location,
     find_config_file,
     resolve_run_config,
 )
-from streamchat.errors import ConfigError
 
 
 def config_file(tmp_path: Path, text: str) -> Path:

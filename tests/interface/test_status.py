@@ -1,7 +1,14 @@
 import pytest
 
 from streamchat.engine.events import CacheStats
-from streamchat.interface.status import BAR_CHARACTERS, bar_segments, first_words, fit_status, last_words, status_figures
+from streamchat.interface.status import (
+    BAR_CHARACTERS,
+    bar_segments,
+    first_words,
+    fit_status,
+    last_words,
+    status_figures,
+)
 
 
 def bar_text(stats, width):

@@ -1,22 +1,19 @@
 #!/usr/bin/env python3
 """The sink cache's accuracy figures, as the tests measure them, printed instead of asserted.
 
-    .venv/bin/python scripts/cache_figures.py drift          # 1,000,000 synthetic tokens, bf16 and fp16
-    .venv/bin/python scripts/cache_figures.py architectures  # every supported model type vs the reference
-    .venv/bin/python scripts/cache_figures.py architectures llama:yarn gemma2
-    .venv/bin/python scripts/cache_figures.py snapshot       # /regen's bytes per turn, Llama-2-7B at 4+2000
+    .venv/bin/python -m tests.cache.figures drift          # 1,000,000 synthetic tokens, bf16 and fp16
+    .venv/bin/python -m tests.cache.figures architectures  # every supported model type vs the reference
+    .venv/bin/python -m tests.cache.figures architectures llama:yarn gemma2
+    .venv/bin/python -m tests.cache.figures snapshot       # /regen's bytes per turn, Llama-2-7B at 4+2000
 
-Run from a clone, after `python3 scripts/bootstrap.py test` set up .venv: it reuses the
-tests' own players and tiny models (tests/cache, tests/support).
+Run from a clone's root, after `python3 scripts/bootstrap.py test` set up .venv: it reuses the
+tests' own players and tiny models (tests/cache, tests/support), so it lives beside them.
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 

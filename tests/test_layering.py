@@ -1,0 +1,98 @@
+"""The house's floors, read from the imports: no module imports from a floor above its own.
+
+cache < loading < engine < distributed < interface < app, bench < cli < __main__. The app and the
+bench share a floor and import nothing from each other; the cache imports only torch,
+transformers and streamchat.errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "streamchat"
+# Each floor's folders (or top-level modules); a floor may import from its own folder and every floor below.
+FLOORS = [
+    {"__init__", "defaults", "errors"},
+    {"cache"},
+    {"loading"},
+    {"engine"},
+    {"distributed"},
+    {"interface"},
+    {"app", "bench"},
+    {"cli"},
+    {"__main__"},
+]
+CACHE_MAY_IMPORT = {"torch", "transformers", "streamchat.errors"}
+
+
+def part_of(module: str) -> str:
+    """The folder (or top-level module) of a streamchat module: streamchat.cache.ledger -> cache."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def floor_of(part: str) -> int:
+    return next(index for index, parts in enumerate(FLOORS) if part in parts)
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function (lazy imports count too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from streamchat import defaults` imports the module streamchat.defaults (`__version__` is no module).
+            names = (f"{node.module}.{alias.name}" for alias in node.names if node.module == "streamchat")
+            found.update(name for name in names if name in MODULES)
+            found.add(node.module)
+    return found
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_folder_has_a_floor() -> None:
+    assert {part_of(name) for name in MODULES if name != "streamchat"} <= set().union(*FLOORS)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_import_runs_up_or_across(name: str) -> None:
+    importer = part_of(name)
+    wrong = []
+    for imported in sorted(imports_of(MODULES[name])):
+        if imported == "streamchat" or not imported.startswith("streamchat."):
+            continue
+        target = part_of(imported)
+        upward = floor_of(target) > floor_of(importer)
+        across = floor_of(target) == floor_of(importer) and target != importer and importer not in FLOORS[0]
+        if upward or across:
+            wrong.append(imported)
+    assert wrong == [], f"{name} imports from a floor above it or beside it"
+
+
+@pytest.mark.parametrize("name", sorted(name for name in MODULES if part_of(name) == "cache"))
+def test_the_cache_imports_only_torch_transformers_and_errors(name: str) -> None:
+    outside = {
+        imported
+        for imported in imports_of(MODULES[name])
+        if imported.split(".")[0] not in sys.stdlib_module_names and not imported.startswith("streamchat.cache")
+    }
+    assert {imported for imported in outside if not imported.startswith(tuple(CACHE_MAY_IMPORT))} == set()
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text("def later():\n    from streamchat.app.chat import ChatLoop\nfrom streamchat import defaults\n")
+    assert imports_of(module) == {"streamchat.app.chat", "streamchat", "streamchat.defaults"}
+    assert floor_of(part_of("streamchat.app.chat")) > floor_of(part_of("streamchat.engine.session"))
