@@ -285,7 +285,10 @@ def display(
         with out_of_memory_errors("--window or --max-new-tokens"):
             result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         columns, rows = bench.columns(), bench.rows(result)
-        title = f"Display overhead: {escape(loaded.source.name)}, {max_new_tokens} tokens per reply, alternating"
+        title = (
+            f"Display overhead: {escape(loaded.source.name)}, cache {sizes.sinks}+{sizes.window}, "
+            f"{max_new_tokens} tokens per reply, alternating"
+        )
         print_report(_stdout(), title, columns, rows, bench.checks(result))
         save_results(
             out, {"display.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr

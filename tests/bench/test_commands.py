@@ -198,3 +198,32 @@ def test_running_out_of_cpu_memory_is_a_one_line_error(tiny_model_dir, text_file
         )
         assert "Traceback" not in result.output
     assert not (tmp_path / "results").exists()
+
+
+def test_the_benches_read_the_model_options_and_the_window_from_the_environment_like_run(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("STREAMCHAT_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("STREAMCHAT_WINDOW", "40")
+    result = invoke("display", "--trials", "2", "--max-new-tokens", "4", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.output.split())  # the table's title wraps at the table's width
+    assert f"{tiny_model_dir.name}, cache 4+40, 4 tokens per reply" in title
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        ({"STREAMCHAT_DTYPE": "fp16"}, ("decode", "--quick"), "STREAMCHAT_DTYPE='fp16': must be one of auto, float32"),
+        ({"STREAMCHAT_WINDOW": "abc"}, ("display",), "STREAMCHAT_WINDOW='abc': not an integer"),
+        ({"STREAMCHAT_QUANTIZE": "int2"}, ("speed", "--quick"), "STREAMCHAT_QUANTIZE='int2': must be one of auto"),
+    ],
+)
+def test_a_bad_environment_value_stops_a_bench_before_loading_and_names_the_variable(
+    env, args, message, tmp_path, monkeypatch
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = invoke(*args, "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {message}")

@@ -349,3 +349,11 @@ def test_direct_construction_is_validated_too() -> None:
         RunConfig(keep=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^continue='perhaps': not a boolean"):
         RunConfig(continue_="perhaps")  # type: ignore[arg-type]
+
+
+def test_the_old_name_evict_still_works_everywhere_and_the_new_one_wins(tmp_path: Path) -> None:
+    assert resolve_run_config({"evict": "turn"}, {}, None).eviction == "turn"
+    assert resolve_run_config({}, {"STREAMCHAT_EVICT": "turn"}, None).eviction == "turn"
+    assert resolve_run_config({}, {"STREAMCHAT_EVICT": "turn", "STREAMCHAT_EVICTION": "token"}, None).eviction == "token"
+    assert resolve_run_config({}, {}, config_file(tmp_path, "evict = 'turn'\n")).eviction == "turn"
+    assert error_of({"eviction": "oldest"}, {}) == "--eviction oldest: must be one of token, turn"
