@@ -354,6 +354,8 @@ def test_direct_construction_is_validated_too() -> None:
 def test_the_old_name_evict_still_works_everywhere_and_the_new_one_wins(tmp_path: Path) -> None:
     assert resolve_run_config({"evict": "turn"}, {}, None).eviction == "turn"
     assert resolve_run_config({}, {"STREAMCHAT_EVICT": "turn"}, None).eviction == "turn"
-    assert resolve_run_config({}, {"STREAMCHAT_EVICT": "turn", "STREAMCHAT_EVICTION": "token"}, None).eviction == "token"
+    assert (
+        resolve_run_config({}, {"STREAMCHAT_EVICT": "turn", "STREAMCHAT_EVICTION": "token"}, None).eviction == "token"
+    )
     assert resolve_run_config({}, {}, config_file(tmp_path, "evict = 'turn'\n")).eviction == "turn"
     assert error_of({"eviction": "oldest"}, {}) == "--eviction oldest: must be one of token, turn"
