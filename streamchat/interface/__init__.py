@@ -1,2 +1,5 @@
-"""What reaches the terminal, shared by the chat and the benchmarks: error reports, safe text, tables, signals,
-the live cache display and piped transcripts. Imports the engine's events, never the app or the bench."""
+"""What the app and the bench share: the options they take, their configuration, and what reaches the
+terminal (error reports, safe text, tables, signals, the live cache display, piped transcripts).
+
+Below the app and the bench, above the engine: it renders the engine's events and imports neither of them.
+"""
