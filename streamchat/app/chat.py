@@ -159,7 +159,7 @@ class ChatApp:
             ("messages", f"{len(self.session.transcript):,}"),
             ("tokens", f"{figures.streamed}, {figures.evicted}"),
             ("cache", figures.occupancy),
-            ("seed", str(self.session.sampler.seed)),
+            ("seed", str(self.session.seed)),
         ]
         if self.last_turn is not None:
             rows.append(("last reply", turn_stats_line(self.last_turn.stats)))

@@ -11,7 +11,7 @@ from streamchat.cache.snapshots import ReplySnapshot
 from streamchat.engine.mirror import CacheMirror
 
 if TYPE_CHECKING:
-    from streamchat.engine.session import ChatSession
+    from streamchat.engine.token_loop import TokenLoop
 
 
 @dataclass
@@ -23,13 +23,13 @@ class RegenPoint:
     logits: torch.Tensor
 
     @classmethod
-    def take(cls, session: ChatSession, logits: torch.Tensor) -> RegenPoint:
+    def take(cls, loop: TokenLoop, reach: int, logits: torch.Tensor) -> RegenPoint:
+        """The point `loop` is at, before a reply that feeds at most `reach` tokens."""
         # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
-        reach = session.settings.max_new_tokens + len(session.chat_format.end_of_turn_ids)
-        return cls(ReplySnapshot.take(session.cache, reach), session.mirror.copy(), logits.clone())
+        return cls(ReplySnapshot.take(loop.cache, reach), loop.mirror.copy(), logits.clone())
 
-    def restore(self, session: ChatSession) -> torch.Tensor:
-        """Put the session back where the point was taken; the logits to draw the reply from."""
-        self.cache_state.restore(session.cache)
-        session.mirror = self.mirror.copy()
+    def restore(self, loop: TokenLoop) -> torch.Tensor:
+        """Put `loop` back where the point was taken; the logits to draw the reply from."""
+        self.cache_state.restore(loop.cache)
+        loop.mirror = self.mirror.copy()
         return self.logits

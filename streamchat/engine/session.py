@@ -4,6 +4,10 @@ Each call that moves the conversation (chat, regenerate, replay) returns an iter
 events; the conversation advances as the caller consumes it. Every token is fed exactly
 once, in conversation order: the cache is never recomputed, only reset when asked.
 
+The session keeps the conversation: the transcript, the chat format, the settings, what
+/regen goes back to, saving and loading. Its tokens go through the cache in a TokenLoop
+(streamchat.engine.token_loop), which prefills prompts and decodes replies.
+
     session = ChatSession(model, tokenizer, SessionOptions())
     for event in session.chat("Hello!"):
         ...  # TextDelta, Evicted, CacheOccupancy, ..., TurnFinished
@@ -19,20 +23,13 @@ from typing import Any
 import torch
 
 from streamchat.cache import CacheStats, SinkCache
-from streamchat.cache.feeding import chunk_sizes, forward
-from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.engine.cache_file import SavedState, StateKey, read_state, state_path
-from streamchat.engine.decoder import Decoder
+from streamchat.engine.decoder import Decoder, StepChannel
 from streamchat.engine.events import (
     CacheOccupancy,
-    Compiled,
-    Compiling,
     Event,
-    Evicted,
     NotResumed,
-    PromptSkipped,
-    PromptTruncated,
     Replayed,
     Resumed,
     TextDelta,
@@ -40,8 +37,6 @@ from streamchat.engine.events import (
 )
 from streamchat.engine.kept_prefix import kept_tokens
 from streamchat.engine.mirror import CacheMirror, CacheView
-from streamchat.engine.out_of_memory import out_of_memory_reported
-from streamchat.engine.prompt_reading import REPLAYED_WINDOWS, ReadingProgress, prompt_parts, replayed_parts
 from streamchat.engine.regen import RegenPoint
 from streamchat.engine.reply import Reply
 from streamchat.engine.sampling import Sampler
@@ -50,6 +45,7 @@ from streamchat.engine.session_options import SessionOptions, eviction_policy
 from streamchat.engine.session_state import restore_session_tensors, write_session_state
 from streamchat.engine.settings import GenerationSettings
 from streamchat.engine.template import ChatFormat, Message, stop_token_ids
+from streamchat.engine.token_loop import TokenLoop
 from streamchat.errors import CacheStateError, ConfigError
 
 
@@ -59,19 +55,16 @@ class ChatSession:
         self.model = model
         self.tokenizer = tokenizer
         self.eviction = options.eviction
-        self.prefill_chunk = options.prefill_chunk
         self.read_all = options.read_all
         self.settings = options.settings or GenerationSettings.from_generation_config(
             getattr(model, "generation_config", None)
         )
         self.sampler = Sampler(self.settings.seed)
-        self.keep, self.window, self.compile_backend = options.keep, options.window, options.compile_backend
-        # Under tensor parallelism: how the ranks agree on tokens and stops (streamchat.distributed).
-        self.channel = options.channel
-        self.device = model.get_input_embeddings().weight.device
-        self.cache: SinkCache | None = None
+        self.keep, self.window = options.keep, options.window
+        self.token_loop = TokenLoop(
+            model, tokenizer, options.window, options.prefill_chunk, options.compile_backend, options.channel
+        )
         self.transcript: list[Message] = []
-        self._stop_requested = False
         # The cache holds exactly the transcript: no turn, replay or resume is half done.
         self._settled = True
         self._snapshot: RegenPoint | None = None
@@ -83,6 +76,33 @@ class ChatSession:
     @property
     def system_prompt(self) -> str | None:
         return self.chat_format.system_prompt
+
+    @property
+    def seed(self) -> int:
+        """The sampler's seed: the one set, or the one drawn when none was."""
+        return self.sampler.seed
+
+    # The token loop owns the cache and its companions; the app, the ranks and the tests read them here.
+
+    @property
+    def cache(self) -> SinkCache:
+        return self.token_loop.cache
+
+    @property
+    def mirror(self) -> CacheMirror:
+        return self.token_loop.mirror
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.token_loop.decoder
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_loop.device
+
+    @property
+    def channel(self) -> StepChannel | None:
+        return self.token_loop.channel
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
@@ -102,39 +122,27 @@ class ChatSession:
         streamchat.engine.prompt_reading) unless read_all; a stop() while it is read ends the
         reading between two forward passes, and the reply before it starts.
         """
-        self._stop_requested = self._settled = False
+        self.token_loop.stop_requested = self._settled = False
         self._forget_snapshot()
         self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
-        seen = self.cache_stats().seen
-        prompt = self.chat_format.prompt_ids(text, first_turn=seen == 0)
-        head, tail = prompt_parts(prompt, seen, self.cache.sinks, self.cache.window, self.read_all)
-        wanted = len(head) + len(tail)
-        if wanted < len(prompt):
-            yield PromptSkipped(len(prompt), wanted, "too_long")
-        yield from self._make_room(wanted)
-        before = self.cache_stats()
-        logits, read = yield from self._read_prompt(head, tail, len(prompt) - wanted, len(self.transcript) - 1)
-        prefilled = time.perf_counter()
-        # Evictions take the oldest window tokens first: past those, they took the prompt's own.
-        dropped = self.cache_stats().evicted - before.evicted - before.window_used
-        if read < wanted:
-            yield PromptSkipped(len(prompt), read, "stopped")
-        elif dropped > 0:
-            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=read - dropped)
+        prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
+        reply_room = self._reply_reach() if self.eviction == "turn" else None
+        read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
-        self._snapshot = RegenPoint.take(self, logits) if read == wanted else None
-        yield from self._reply(logits, read, started, prefilled)
+        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
+        yield from self._reply(read.logits, read.tokens, started, read.at)
 
     def regenerate(self) -> Iterator[Event]:
         """Take back the last reply and generate another one for the same message."""
         if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
             raise ConfigError("there is no reply to regenerate yet")
         self.transcript.pop()
-        self._stop_requested = self._settled = False
+        self.token_loop.stop_requested = self._settled = False
         started = time.perf_counter()
-        logits = self._snapshot.restore(self)
-        self._snapshot = RegenPoint.take(self, logits)  # the settings, and so the reply's reach, may have changed
+        logits = self._snapshot.restore(self.token_loop)
+        # The settings, and so the reply's reach, may have changed.
+        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), logits)
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield from self._reply(logits, 0, started, started)
 
@@ -149,20 +157,19 @@ class ChatSession:
             messages.pop()
         if messages and messages[-1]["role"] == "user":
             messages.pop()
-        if messages == self.transcript and self._cache_whole():
+        if messages == self.transcript and self.token_loop.is_whole():
             return iter(())
         return self.replay(messages)
 
     def stop(self) -> None:
         """Ask the reply being generated to end after the current token (safe from a signal handler)."""
-        self._stop_requested = True
+        self.token_loop.stop_requested = True
 
     def reset(self) -> None:
         """Forget the conversation: an empty cache and an empty transcript."""
         self._conversation += 1
         self._forget_snapshot()
-        self.cache.reset()
-        self.mirror = CacheMirror(self.cache.sinks)
+        self.token_loop.reset()
         self.transcript = []
         self._snapshot = None
         self._settled = True
@@ -227,7 +234,7 @@ class ChatSession:
 
         None, and nothing written, when no whole conversation is in the cache (a turn torn off half way).
         """
-        if len(self.transcript) % 2 or not self._settled or not self._cache_whole():
+        if len(self.transcript) % 2 or not self._settled or not self.token_loop.is_whole():
             return None
         return write_session_state(self, path, key)
 
@@ -257,131 +264,51 @@ class ChatSession:
         self.reset()
         self._settled = False
         total = sum(len(ids) for ids in feeds)
-        skip_from, skip_to = self.cache.sinks, total - REPLAYED_WINDOWS * self.cache.window
         start = 0
         for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
             self.transcript.append({"role": message["role"], "content": message["content"]})
-            head, tail = replayed_parts(ids, start, skip_from, skip_to)
-            if head:
-                yield from self._feed(head, message=index)
-            self.mirror.skip(len(ids) - len(head) - len(tail), message=index)
-            if tail:
-                yield from self._feed(tail, message=index)
+            yield from self.token_loop.replay_message(ids, start, total, index)
             start += len(ids)
         self._settled = True
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield Replayed(messages=len(messages), tokens=self.cache_stats().seen)
 
-    # ---- the phases of a turn ---------------------------------------------------------------
-
-    def _make_room(self, prompt_tokens: int) -> Iterator[Event]:
-        """The paper's per-turn policy: reserve space for the prompt and the whole reply at once."""
-        if self.eviction == "turn":
-            reply_tokens = self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
-            yield from self._evict_for(min(prompt_tokens + reply_tokens, self.cache.window))
-
-    def _read_prompt(self, head: list[int], tail: list[int], skipped: int, message: int) -> Iterator[Event]:
-        """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
-        (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
-        progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
-        logits = None
-        for part, skipped_after in ((head, skipped), (tail, 0)):
-            for piece in progress.pieces(part):
-                if logits is not None and self._stop_agreed():
-                    return logits, progress.read
-                logits = yield from self._feed(piece, message)
-                if (event := progress.advance(len(piece))) is not None:
-                    yield event
-            self.mirror.skip(skipped_after, message)
-        return logits, progress.read
+    # ---- a turn in the transcript -------------------------------------------------------------
 
     def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float) -> Iterator[Event]:
-        """Decode until a stop, then close the turn in the cache and the transcript."""
+        """Generate the answer to the last message, then close the turn in the cache and the transcript."""
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
         reply = Reply(self.tokenizer, self.settings, started, prefilled)
         conversation = self._conversation
         try:
-            yield from self._decode(logits, reply, message)
+            yield from self.token_loop.decode(logits, reply, message, self.sampler, self.stop_ids)
         except GeneratorExit:
             # The caller abandoned the reply: close it all the same, silently, so the next turn
             # works; unless the conversation was replaced meanwhile (reset, replay, recover).
             if conversation == self._conversation:
                 reply.reason = "interrupted"
                 _drain(self._close(reply, message))
-                self._settled = True
             raise
         yield from self._close(reply, message)
-        self._settled = True
         stats = reply.stats(prompt_tokens)
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
 
-    def _decode(self, logits: torch.Tensor, reply: Reply, message: int) -> Iterator[Event]:
-        """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
-        settings = reply.settings
-        self.decoder.start(logits, settings, self.sampler)
-        while True:
-            compiling = self.decoder.will_compile and not self._stop_requested
-            if compiling:
-                yield Compiling()
-            with out_of_memory_reported(self.device, "generating"):
-                # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
-                decoded = self.decoder.next(self._stop_requested)
-            if decoded is None:
-                break
-            if compiling and self.decoder.compile_seconds is not None:
-                yield Compiled(self.decoder.compile_seconds)
-            if decoded.token in self.stop_ids:
-                self.decoder.take_back()
-                reply.reason = "eos"
-                return
-            delta = reply.add(decoded.token)
-            self.mirror.append([decoded.token], message)
-            evicted = self._evicted(decoded.eviction) if decoded.eviction is not None else None
-            if delta:
-                yield TextDelta(delta)
-            if evicted is not None:
-                yield evicted
-            if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
-                return
-            yield CacheOccupancy(self.cache_stats(), reply.decode_speed())
-        reply.reason = "interrupted"
-
     def _close(self, reply: Reply, message: int) -> Iterator[Event]:
-        """Feed what closes the reply (the end of turn) and record its text."""
+        """Record the reply's text, then feed what closes it (the end of turn)."""
         tail = reply.flush()
         if tail:
             yield TextDelta(tail)
         self.transcript[message]["content"] = reply.text
         closing = list(self.chat_format.end_of_turn_ids)
         if closing:
-            yield from self._feed(closing, message)
+            yield from self.token_loop.feed(closing, message)
+        self._settled = True
 
-    def _feed(self, token_ids: list[int], message: int) -> Iterator[Event]:
-        """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
-        logits = None
-        start = 0
-        with torch.inference_mode():
-            for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
-                chunk = token_ids[start : start + size]
-                yield from self._evict_for(size)
-                with out_of_memory_reported(self.device, f"reading {size} tokens"):
-                    logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
-                self.mirror.append(chunk, message)
-                start += size
-        return logits
-
-    def _evict_for(self, incoming: int) -> Iterator[Event]:
-        """Make room for `incoming` tokens; report what that evicted."""
-        eviction = self.cache.evict_for_space(incoming)
-        if eviction is not None:
-            yield self._evicted(eviction)
-
-    def _evicted(self, eviction: Eviction) -> Evicted:
-        """The event for an eviction the cache made; the mirror forgets the same tokens."""
-        text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
-        return Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
+    def _reply_reach(self) -> int:
+        """How many tokens a reply can feed: the longest one and the end of its turn."""
+        return self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -393,22 +320,8 @@ class ChatSession:
         self.chat_format = chat_format
         self._settled = not self.transcript  # a conversation in the cache was read in another format
         if self.cache is None or self.cache.sinks != kept:
-            self._snapshot = self.cache = None  # the old storage goes before the new one is allocated
-            self.cache = SinkCache.for_model(self.model, kept, self.window)
-            self.decoder = Decoder(
-                self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer), channel=self.channel
-            )
-            self.mirror = CacheMirror(kept)
-
-    def _stop_agreed(self) -> bool:
-        """stop() as every rank sees it: the leader's, under tensor parallelism."""
-        if self.channel is None:
-            return self._stop_requested
-        return self.channel.agree_stop(self._stop_requested)
-
-    def _cache_whole(self) -> bool:
-        """Whether the cache holds what the mirror says: no forward pass was torn off half way."""
-        return self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache_stats().used
+            self._snapshot = None  # its copies of the old cache go before the new one is allocated
+            self.token_loop.use_sinks(kept)
 
     def _forget_snapshot(self) -> None:
         """The last reply can no longer be regenerated: the cache may rebase again."""

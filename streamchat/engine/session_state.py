@@ -51,7 +51,7 @@ def write_session_state(session: ChatSession, path: Path, key: StateKey) -> int:
     seed_setting = dict(session.settings.as_pairs())["seed"]
     digest = conversation_digest(session.transcript, session.system_prompt, seed_setting)
     messages = len(session.transcript)
-    return write_state(path, session_tensors(session), key, digest, messages, session.sampler.seed)
+    return write_state(path, session_tensors(session), key, digest, messages, session.seed)
 
 
 def restore_session_tensors(session: ChatSession, tensors: dict[str, torch.Tensor], seed: int) -> None:
@@ -75,7 +75,7 @@ def restore_session_tensors(session: ChatSession, tensors: dict[str, torch.Tenso
     sampler = Sampler(seed)
     if RANDOM_STATE in tensors:
         sampler.set_random_state(tensors[RANDOM_STATE], session.device)
-    session.mirror, session.sampler = mirror, sampler
+    session.token_loop.mirror, session.sampler = mirror, sampler
 
 
 def _pairs(items: list[tuple[int, int]] | deque[tuple[int, int]]) -> torch.Tensor:
