@@ -1,7 +1,7 @@
 """One decode step under each policy the speed benchmark compares.
 
-Every step is what the chat engine does per generated token (ChatSession._decode and
-_feed): sample the next token from the last logits with the session's Sampler, then
+Every step is what the chat engine does per generated token (TokenLoop.decode and
+feed): sample the next token from the last logits with the session's Sampler, then
 feed it in one forward pass that keeps only the last position's logits. Only the
 cache differs:
 
