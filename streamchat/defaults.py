@@ -92,9 +92,11 @@ PPL_KEEP = 60
 DISPLAY_TRIALS = 5
 DISPLAY_MAX_NEW_TOKENS = 96
 
-# Tensor parallelism (`--tp`, streamchat/distributed): how long a rank waits on the others
-# inside one step (a forward pass, a token) before it gives up on them, and how long a
-# follower waits for rank 0's next request (rank 0 waits for the user, maybe for days).
+# Tensor parallelism (`--tp`, streamchat/distributed): how long a rank waits for the others to
+# start (machines started by hand, one after another), how long it waits on them inside one
+# step (a forward pass, a token) before it gives up on them, and how long a follower waits for
+# rank 0's next request (rank 0 waits for the user, maybe for days).
+TP_JOIN_TIMEOUT_SECONDS = 600
 TP_STEP_TIMEOUT_SECONDS = 60
 TP_REQUEST_TIMEOUT_SECONDS = 30 * 24 * 3600
 # How long the --tp N launcher gives the other ranks to exit after one has ended, before it kills them.

@@ -102,8 +102,15 @@ def join_group(ranks: Ranks, device: str, timeout_seconds: float) -> Group:
     else:
         where = torch.device("cpu")
     try:
+        # The rendezvous waits as long as ranks take to start; each step then waits only the step timeout.
+        store, _, _ = next(
+            dist.rendezvous(
+                "env://", ranks.rank, ranks.world_size, timeout=timedelta(seconds=defaults.TP_JOIN_TIMEOUT_SECONDS)
+            )
+        )
         dist.init_process_group(
             "nccl" if device == "cuda" else "gloo",
+            store=store,
             rank=ranks.rank,
             world_size=ranks.world_size,
             timeout=timedelta(seconds=timeout_seconds),

@@ -190,7 +190,8 @@ def test_a_rank_killed_or_hung_mid_reply_ends_the_run_with_one_line_within_30_se
     launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     launcher.stdin.write(b"Talk for a long time.\n")
     launcher.stdin.close()
-    assert launcher.stdout.read(len(b"USER: Talk for a long time.\n\nASSISTANT: ")).startswith(b"USER:")
+    head = launcher.stdout.read(len(b"USER: Talk for a long time.\n\nASSISTANT: "))
+    assert head.startswith(b"USER:"), launcher.stderr.read().decode()
     launcher.stdout.read(20)  # the reply is streaming: both ranks are decoding
     ranks = descendants(launcher.pid)
     victim = next(process for process in ranks if process.environ().get("RANK") == rank)
