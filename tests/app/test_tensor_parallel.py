@@ -90,7 +90,13 @@ def test_two_nodes_on_one_machine_give_the_same_transcript(tiny_chat_model, tmp_
         for node in range(2)
     ]
     transcript = "\n".join(TURNS).encode() + b"\n"
-    first, second = (node.communicate(transcript if node is nodes[0] else None, timeout=TIMEOUT) for node in nodes)
+    try:
+        first, second = (node.communicate(transcript if node is nodes[0] else None, timeout=TIMEOUT) for node in nodes)
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        stderr = "\n".join(node.communicate()[1].decode() for node in nodes)
+        pytest.fail(f"torchrun ran past {TIMEOUT} s; its stderr:\n{stderr}")
     assert [node.returncode for node in nodes] == [0, 0], first[1].decode() + second[1].decode()
     outputs = sorted([first[0].decode(), second[0].decode()], key=len)
     assert outputs[0] == ""  # the node without rank 0 prints nothing on stdout
