@@ -82,7 +82,7 @@ def _launch(world_size: int) -> int:
 def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
     import torch
 
-    from streamchat.distributed.group import device_type, join_group, leave_group, step_timeout
+    from streamchat.distributed.group import device_type, join_group, leave_group, leave_group_and_exit, step_timeout
 
     if not ranks.leads:
         _silenced()
@@ -91,6 +91,8 @@ def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], Loade
     # Torn down only after a clean end: after a failure a peer may be gone or hung, and tearing the
     # groups down would wait for it; this process's exit closes its connections anyway.
     code = _as_rank(config, ranks, group, load)
+    if not ranks.leads:
+        leave_group_and_exit(code)
     leave_group()
     return code
 

@@ -68,7 +68,7 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Ca
     import torch
 
     from streamchat.distributed.follower import follow
-    from streamchat.distributed.group import device_type, join_group, leave_group, step_timeout
+    from streamchat.distributed.group import device_type, join_group, leave_group, leave_group_and_exit, step_timeout
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
 
@@ -79,8 +79,7 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Ca
     session = _session(loaded, window, steps, lockstep)
     if not ranks.leads:
         follow(session, lockstep)
-        leave_group()
-        return 0
+        leave_group_and_exit(0)
     leader = LeaderSession(session, lockstep)
     try:
         speed = measure(loaded, window, steps, leader)

@@ -12,11 +12,12 @@ Two groups, because the ranks wait for two kinds of things:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from streamchat import defaults
 from streamchat.errors import ConfigError, RankLostError
@@ -132,6 +133,18 @@ def leave_group() -> None:
     if dist.is_initialized():
         with suppress(Exception):  # leaving must not fail because a peer left first
             dist.destroy_process_group()
+
+
+def leave_group_and_exit(code: int) -> NoReturn:
+    """A follower's end: leave the groups, then exit at once, without the interpreter's finalization.
+
+    Finalizing with gloo's threads still alive (a teardown that failed quietly) can hang the process
+    or abort it (SIGABRT), which torchrun reports as this rank's failure. A follower writes no files
+    and its stdout goes nowhere, so skipping finalization loses nothing.
+    """
+    leave_group()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def first_line(error: BaseException) -> str:

@@ -86,3 +86,24 @@ def test_a_rank_that_starts_later_than_the_step_timeout_still_joins(tmp_path):
 def test_once_joined_a_rank_later_than_the_step_timeout_is_given_up_on(tmp_path):
     rank_0, _ = steps_of_two_ranks(tmp_path, rank_0=(0, 0), rank_1=(0, 3))
     assert rank_0.startswith("rank 0 lost the other ranks while taking a step: Timed out waiting 500ms"), rank_0
+
+
+# Two ranks take a step, then their teardown fails (as it can when a peer is gone), then they end.
+QUIET_END = """
+import os, sys
+import torch, torch.distributed as dist
+from streamchat.distributed.group import join_group, leave_group_and_exit, ranks_from_env
+join_group(ranks_from_env(os.environ), "cpu", 30)
+dist.broadcast(torch.zeros(1), src=0)
+def failing_teardown():
+    raise RuntimeError("Connection closed by peer")
+dist.destroy_process_group = failing_teardown
+leave_group_and_exit(int(os.environ["RANK"]) + 3)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_follower_whose_teardown_failed_still_ends_at_once_with_its_code():
+    lines = []
+    assert supervise(2, [sys.executable, "-c", QUIET_END], lines.append) == 3
+    assert lines == []
