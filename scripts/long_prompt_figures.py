@@ -24,7 +24,7 @@ REPLY_MARK = b"\n\nASSISTANT: "
 
 
 def tokenising() -> None:
-    from streamchat.engine.template import ChatFormat
+    from streamchat.conversation.template import ChatFormat
     from streamchat.loading import LoadOptions, load_model
 
     tokenizer = load_model(LoadOptions()).tokenizer

@@ -14,9 +14,9 @@ import json
 import sys
 import time
 
-from streamchat.engine.events import Evicted, TextDelta, TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
+from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.generation.events import Evicted, TextDelta, TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from streamchat.loading import LoadOptions, load_model
 
 

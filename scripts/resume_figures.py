@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from streamchat.app.resuming import state_key
-from streamchat.engine.cache_file import state_path
-from streamchat.engine.events import Replayed, Resumed, TurnFinished
-from streamchat.engine.journal import Journal
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
+from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.generation.events import Replayed, Resumed, TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.transcript import UserTurn, read_transcript_file
 from streamchat.loading import LoadOptions, load_model
+from streamchat.storage.cache_file import state_path
+from streamchat.storage.journal import Journal
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The house's floors, read from the imports: no module imports from a floor above its own.
 
-cache < loading < engine < distributed < interface < app, bench < cli < __main__. The app and the
+cache < placement < loading < generation < conversation < storage < distributed < interface < measure
+< app, bench < cli < __main__. The app and the
 bench share a floor and import nothing from each other; the cache imports only torch,
 transformers and streamchat.errors.
 """
@@ -18,10 +19,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "streamchat"
 FLOORS = [
     {"__init__", "defaults", "errors"},
     {"cache"},
+    {"placement"},
     {"loading"},
-    {"engine"},
+    {"generation"},
+    {"conversation"},
+    {"storage"},
     {"distributed"},
     {"interface"},
+    {"measure"},
     {"app", "bench"},
     {"cli"},
     {"__main__"},
@@ -95,4 +100,4 @@ def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     module = tmp_path / "probe.py"
     module.write_text("def later():\n    from streamchat.app.chat import ChatLoop\nfrom streamchat import defaults\n")
     assert imports_of(module) == {"streamchat.app.chat", "streamchat", "streamchat.defaults"}
-    assert floor_of(part_of("streamchat.app.chat")) > floor_of(part_of("streamchat.engine.session"))
+    assert floor_of(part_of("streamchat.app.chat")) > floor_of(part_of("streamchat.conversation.session"))

@@ -20,14 +20,14 @@ from streamchat.app import commands
 from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session, save_state
 from streamchat.app.typeahead import keys_held
-from streamchat.engine.cache_file import StateKey
-from streamchat.engine.events import Event, StopReason, TurnFinished
-from streamchat.engine.journal import Journal
-from streamchat.engine.session import ChatSession
+from streamchat.conversation.session import ChatSession
 from streamchat.errors import CommandError, RankLostError, StreamchatError
+from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line
 from streamchat.interface.signals import Interrupted, termination_deferred
 from streamchat.interface.status import first_words, status_figures
+from streamchat.storage.cache_file import StateKey
+from streamchat.storage.journal import Journal
 
 
 @dataclass

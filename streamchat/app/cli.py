@@ -19,7 +19,6 @@ from streamchat import defaults
 from streamchat.app.launch import data_dir, load, run_chat
 from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
-from streamchat.engine.session_file import list_sessions
 from streamchat.interface.config import config_file_location, load_options, load_run_config
 from streamchat.interface.options import (
     AllowPickleOption,
@@ -39,6 +38,7 @@ from streamchat.interface.safe_text import safe_text
 from streamchat.interface.tables import print_table
 from streamchat.interface.transcript import OUTPUT_FORMATS, TRANSCRIPT_FORMATS, TURN_SPLITS
 from streamchat.loading.catalog import model_catalog
+from streamchat.storage.session_file import list_sessions
 
 stdout = Console(highlight=False, emoji=False)
 

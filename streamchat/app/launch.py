@@ -35,10 +35,10 @@ from streamchat.loading import LoadedModel, LoadOptions
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
-    from streamchat.engine.cache_file import StateKey
-    from streamchat.engine.decoder import StepChannel
-    from streamchat.engine.journal import Journal
-    from streamchat.engine.session import ChatSession
+    from streamchat.conversation.session import ChatSession
+    from streamchat.generation.decoder import StepChannel
+    from streamchat.storage.cache_file import StateKey
+    from streamchat.storage.journal import Journal
 
 
 def data_dir() -> Path:
@@ -140,7 +140,7 @@ def _piped(
 
 
 def _journal(config: RunConfig, loaded: LoadedModel, on_error: Callable[[str], None]) -> Journal:
-    from streamchat.engine.journal import Journal
+    from streamchat.storage.journal import Journal
 
     cache = {"keep": config.keep, "window": config.window}
     return Journal(data_dir() / "sessions", loaded.source.name, cache, on_error)
@@ -189,9 +189,9 @@ def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSessio
 
 def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | None = None) -> ChatSession:
     """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
-    from streamchat.engine.decoder import compile_backend
-    from streamchat.engine.session import ChatSession, SessionOptions
-    from streamchat.engine.settings import GenerationSettings
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from streamchat.generation.decoder import compile_backend
+    from streamchat.generation.settings import GenerationSettings
 
     settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
     given = {option.name: getattr(config, option.name) for option in dataclasses.fields(GenerationSettings)}

@@ -5,12 +5,12 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.engine.session_file import SessionSummary
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.status import first_words
 from streamchat.loading.catalog import CatalogEntry
 from streamchat.loading.loader import LoadedModel
 from streamchat.loading.resolve import ModelSource
+from streamchat.storage.session_file import SessionSummary
 
 # Characters of a session's first message that the sessions table shows.
 FIRST_MESSAGE_PREVIEW = 60

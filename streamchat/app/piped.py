@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from streamchat.app.resuming import load_session
-from streamchat.engine.cache_file import StateKey
-from streamchat.engine.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
-from streamchat.engine.journal import Journal
-from streamchat.engine.session import ChatSession
+from streamchat.conversation.session import ChatSession
 from streamchat.errors import TranscriptError
+from streamchat.generation.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
 from streamchat.interface.display import ChatDisplay, prompt_skipped_text
 from streamchat.interface.reporting import INTERRUPTED_EXIT_CODE
 from streamchat.interface.signals import termination_deferred
 from streamchat.interface.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
+from streamchat.storage.cache_file import StateKey
+from streamchat.storage.journal import Journal
 
 
 def run_transcript(

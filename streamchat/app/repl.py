@@ -18,7 +18,7 @@ from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
 from streamchat.app.commands import complete
-from streamchat.engine.events import CacheStats
+from streamchat.generation.events import CacheStats
 from streamchat.interface.status import BAR_CHARACTERS, bar_segments, fit_status
 
 BLOCK_QUOTE = '"""'

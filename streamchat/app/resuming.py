@@ -2,7 +2,7 @@
 
 - `--continue` names the session written most recently, `--resume FILE|ID` one file;
   `/load FILE` does the same from within a chat.
-- The cache state beside a session file (streamchat.engine.cache_file) is restored when
+- The cache state beside a session file (streamchat.storage.cache_file) is restored when
   it fits this run; otherwise the conversation is replayed, and the engine says why.
 - The state is written beside the journal when streamchat exits (however it exits, as
   long as the cache holds a whole conversation) and on `/save`.
@@ -14,15 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamchat.engine.cache_file import StateKey, state_path
-from streamchat.engine.journal import SUFFIX, Journal, claim_journal, release_journal
-from streamchat.engine.session_file import JOURNAL_VERSION, SavedSession, read_session
 from streamchat.errors import ConfigError
 from streamchat.loading.identity import quantization_of, weights_fingerprint
+from streamchat.storage.cache_file import StateKey, state_path
+from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
+from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
 
 if TYPE_CHECKING:
-    from streamchat.engine.events import Event
-    from streamchat.engine.session import ChatSession
+    from streamchat.conversation.session import ChatSession
+    from streamchat.generation.events import Event
     from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
 

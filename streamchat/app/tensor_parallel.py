@@ -46,7 +46,7 @@ def wants_tensor_parallel(config: RunConfig) -> bool:
 def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedModel]) -> int:
     """Launch the ranks (--tp N outside torchrun), or be one of them."""
     from streamchat.distributed.group import ranks_from_env
-    from streamchat.loading.tensor_parallel import ensure_no_device_map, tensor_parallel_quantization
+    from streamchat.placement.tensor_parallel import ensure_no_device_map, tensor_parallel_quantization
 
     # Refused here, before any process starts or joins.
     ensure_no_device_map(config.device_map)

@@ -17,16 +17,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.bench.report import print_report, save_results
-from streamchat.bench.sizes import sizes_for
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig, load_options, load_run_config
 from streamchat.interface.options import DeviceOption, DtypeOption, ModelOption, QuantizeOption, TpOption
 from streamchat.interface.reporting import notify, reported_errors, stderr
+from streamchat.measure.report import print_report, save_results
+from streamchat.measure.sizes import sizes_for
 
 if TYPE_CHECKING:
-    from streamchat.bench.models import BenchModel
     from streamchat.loading import LoadedModel
+    from streamchat.measure.models import BenchModel
 
 bench_app = typer.Typer(
     name="bench",
@@ -86,7 +86,7 @@ def ppl(
     Defaults: the paper's cache of 4 sinks + 1020 window tokens over 20,000 tokens; keep 60 + 964.
     """
     from streamchat.bench import ppl as bench
-    from streamchat.bench.memory import out_of_memory_errors
+    from streamchat.measure.memory import out_of_memory_errors
 
     with reported_errors():
         given = {"tokens": tokens, "sinks": sinks, "window": window, "chunk": chunk, "keep": keep}
@@ -159,7 +159,7 @@ def speed(
     With --tp N: decode ms/token of one reply, the model sharded over N processes, against one process.
     """
     from streamchat.bench import speed as bench
-    from streamchat.bench.memory import out_of_memory_errors
+    from streamchat.measure.memory import out_of_memory_errors
 
     if tp is not None:
         from streamchat.bench.tensor_parallel import tp_speed
@@ -223,8 +223,8 @@ def keep(
     Defaults: 40 turns through a 256-token window; the answer's log-probability after turn 1 and turn 40.
     """
     from streamchat.bench import keep as bench
-    from streamchat.bench.memory import out_of_memory_errors
     from streamchat.interface.transcript import UserTurn, read_transcript_file
+    from streamchat.measure.memory import out_of_memory_errors
 
     with reported_errors():
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)
@@ -276,7 +276,7 @@ def display(
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
     from streamchat.bench import display_overhead as bench
-    from streamchat.bench.memory import out_of_memory_errors
+    from streamchat.measure.memory import out_of_memory_errors
 
     with reported_errors():
         config = _configured(model, device, dtype, quantize, window=window)
@@ -323,8 +323,8 @@ def decode(
     trials alternating between rows.
     """
     from streamchat.bench import decode as bench
-    from streamchat.bench.memory import out_of_memory_errors
     from streamchat.loading.conversion import use_compile_cache
+    from streamchat.measure.memory import out_of_memory_errors
 
     with reported_errors():
         given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window}
@@ -368,7 +368,7 @@ def decode(
 
 def _device_type(device: str) -> str:
     """ "cpu" or "cuda": where the rows ran (device "auto" settles at load time)."""
-    from streamchat.loading.device import choose_device, detect_accelerators
+    from streamchat.placement.device import choose_device, detect_accelerators
 
     return choose_device(device, detect_accelerators()).split(":")[0]
 
@@ -408,7 +408,7 @@ def _precision(loaded: LoadedModel | BenchModel) -> str:
 
 
 def _bench_model(config: RunConfig, random_init: str | None) -> BenchModel:
-    from streamchat.bench.models import BenchModel, random_model
+    from streamchat.measure.models import BenchModel, random_model
 
     if random_init is not None:
         return random_model(random_init, config.device, config.dtype, config.quantize)

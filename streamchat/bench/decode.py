@@ -2,7 +2,7 @@
 
 Same model, prompt and greedy decoding for every row:
 
-- streamchat's token loop (engine/decoder.py: draw, feed, read back) through the sink
+- streamchat's token loop (generation/decoder.py: draw, feed, read back) through the sink
   cache, eager and with the decode step compiled, as `run` loads the model by default
   and as `--dtype float32 --quantize none` (the issue's CPU baseline);
 - transformers' own generate() with a StaticCache on the same model: what a transformers
@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from streamchat import defaults
-from streamchat.bench.report import Check, Column, Row
-from streamchat.bench.sizes import require_at_least
 from streamchat.cache import SinkCache, prefill_chunks
-from streamchat.engine.decoder import Decoder
-from streamchat.engine.sampling import Sampler
-from streamchat.engine.settings import GenerationSettings
+from streamchat.generation.decoder import Decoder
+from streamchat.generation.sampling import Sampler
+from streamchat.generation.settings import GenerationSettings
 from streamchat.loading.resolve import packaged_gguf
+from streamchat.measure.report import Check, Column, Row
+from streamchat.measure.sizes import require_at_least
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The issue's targets: on the CPU default model, and on CUDA (compiled against eager).

@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from streamchat import defaults
-from streamchat.bench.report import Check, Column, Row
-from streamchat.bench.sizes import require_at_least
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import chunk_sizes
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
-from streamchat.engine.events import TurnFinished
-from streamchat.engine.kept_prefix import Keep, kept_tokens
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
-from streamchat.engine.template import ChatFormat, Message
+from streamchat.conversation.kept_prefix import Keep, kept_tokens
+from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.template import ChatFormat, Message
 from streamchat.errors import ConfigError
+from streamchat.generation.events import TurnFinished
+from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.report import Check, Column, Row
+from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from streamchat import defaults
-from streamchat.bench.decoders import DenseDecoder, PolicyDecoder, RecomputeDecoder, StreamingDecoder
-from streamchat.bench.memory import MemoryProbe, memory_probe
-from streamchat.bench.report import Check, Column, Row
-from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError
+from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.decoders import DenseDecoder, PolicyDecoder, RecomputeDecoder, StreamingDecoder
+from streamchat.measure.memory import MemoryProbe, memory_probe
+from streamchat.measure.report import Check, Column, Row
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

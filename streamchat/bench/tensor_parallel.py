@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamchat.engine.events import TurnFinished
-from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError
+from streamchat.generation.events import TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from streamchat.loading import LoadedModel, LoadOptions
 
 PROMPT = "Tell me a long story about a lighthouse keeper."
@@ -92,7 +92,7 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Ca
 
 
 def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) -> Any:
-    from streamchat.engine.session import ChatSession, SessionOptions
+    from streamchat.conversation.session import ChatSession, SessionOptions
 
     settings = GenerationSettings(max_new_tokens=steps + 1, temperature=0.0, stop=())
     return ChatSession(

@@ -7,8 +7,8 @@ memory) or of its peers ends it with RankLostError, which the app prints as one 
 
 from __future__ import annotations
 
+from streamchat.conversation.session import ChatSession
 from streamchat.distributed.lockstep import EXIT, SESSION_CALLS, Lockstep, lost_ranks_reported
-from streamchat.engine.session import ChatSession
 from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
 
 

@@ -15,11 +15,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from streamchat.conversation.session import ChatSession
 from streamchat.distributed.lockstep import EXIT, Lockstep, Request, lost_ranks_reported
-from streamchat.engine.events import Event
-from streamchat.engine.session import ChatSession
-from streamchat.engine.session_file import read_session
 from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
+from streamchat.generation.events import Event
+from streamchat.storage.session_file import read_session
 
 # Why a conversation gone on with under --tp is replayed (shown as "not resumed exactly, replayed: ...").
 NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cache)"

@@ -25,10 +25,10 @@ import platformdirs
 
 from streamchat import defaults
 from streamchat.cache.ledger import SMALLEST_WINDOW
-from streamchat.engine.kept_prefix import parse_keep
-from streamchat.engine.session_options import eviction_policy
-from streamchat.engine.settings import SAMPLING_RULES
+from streamchat.conversation.kept_prefix import parse_keep
+from streamchat.conversation.session_options import eviction_policy
 from streamchat.errors import ConfigError
+from streamchat.generation.settings import SAMPLING_RULES
 from streamchat.interface.transcript import (
     OUTPUT_FORMATS,
     TRANSCRIPT_FORMATS,
@@ -50,8 +50,8 @@ from streamchat.interface.values import (
     word_or_number,
 )
 from streamchat.loading import LoadOptions
-from streamchat.loading.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
-from streamchat.loading.quantization import QUANTIZE_NAMES, is_quantize_name
+from streamchat.placement.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
+from streamchat.placement.quantization import QUANTIZE_NAMES, is_quantize_name
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,7 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from streamchat.engine.events import (
+from streamchat.generation.events import (
     CacheOccupancy,
     CacheStats,
     Compiled,

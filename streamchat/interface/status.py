@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from streamchat.engine.events import CacheStats
+from streamchat.generation.events import CacheStats
 
 Segment = Literal["sinks", "window", "free"]
 

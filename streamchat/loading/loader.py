@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING
 from streamchat import defaults
 from streamchat.loading.configs import read_supported_config
 from streamchat.loading.conversion import Notify, convert_gguf
-from streamchat.loading.device import Placement, detect_accelerators, plan_placement
 from streamchat.loading.failures import model_errors
 from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
-from streamchat.loading.quantization import plan_quantization, quantize_model
 from streamchat.loading.resolve import ModelSource, resolve_model
-from streamchat.loading.tensor_parallel import (
+from streamchat.loading.weights import ensure_loadable_weights
+from streamchat.placement.device import Placement, detect_accelerators, plan_placement
+from streamchat.placement.quantization import plan_quantization, quantize_model
+from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
     ensure_no_device_map,
     ensure_tensor_parallel_plan,
     tensor_parallel_quantization,
 )
-from streamchat.loading.weights import ensure_loadable_weights
 
 if TYPE_CHECKING:
     import torch

@@ -9,8 +9,8 @@ import sys
 import pexpect
 import pytest
 
-from streamchat.engine.session_file import read_session
 from streamchat.interface.safe_text import safe_plain
+from streamchat.storage.session_file import read_session
 from tests.support.gguf_files import write_tiny_gguf
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 

@@ -18,7 +18,7 @@ from streamchat import __version__, defaults
 from streamchat.cache.architectures import supported_list
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir, convert_gguf
-from streamchat.loading.device import detect_accelerators
+from streamchat.placement.device import detect_accelerators
 from tests.support.gguf_files import write_tiny_gguf
 from tests.support.processes import in_foreground
 

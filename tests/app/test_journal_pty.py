@@ -15,8 +15,8 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from streamchat.engine.cache_file import state_path
-from streamchat.engine.session_file import read_session
+from streamchat.storage.cache_file import state_path
+from streamchat.storage.session_file import read_session
 from tests.support.processes import in_foreground
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")

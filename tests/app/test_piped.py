@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.engine.events import TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.session_file import read_session
-from streamchat.engine.settings import GenerationSettings
+from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.generation.events import TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.safe_text import safe_plain
+from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 from tests.support.processes import in_foreground
 

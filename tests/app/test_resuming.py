@@ -10,10 +10,10 @@ import pexpect
 import pytest
 
 from streamchat.app.resuming import session_to_resume
-from streamchat.engine.cache_file import state_path
-from streamchat.engine.session_file import read_session
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig
+from streamchat.storage.cache_file import state_path
+from streamchat.storage.session_file import read_session
 from tests.app.test_journal_pty import send, spawn
 
 OPTIONS = ["--max-new-tokens", "8", "--temperature", "0.8", "--seed", "7", "--window", "40"]

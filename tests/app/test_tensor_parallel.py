@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from streamchat.app.tensor_parallel import with_optional_tp_value
+from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.supervisor import free_port
-from streamchat.engine.events import Evicted, TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
+from streamchat.generation.events import Evicted, TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.safe_text import safe_plain
 
 OPTIONS = ["--max-new-tokens", "30", "--temperature", "0", "--window", "40", "--dtype", "float32", "--quantize", "none"]

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from streamchat.bench import decode as bench
 from streamchat.bench.commands import bench_app
-from streamchat.loading.device import Accelerators
-from streamchat.loading.quantization import plan_quantization, quantize_model
+from streamchat.placement.device import Accelerators
+from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import tiny_model
 
 DECODE_HEADER = ["engine", "setting", "precision", "ms_per_token", "tokens_per_second", "limit_ms", "x_of_limit"]

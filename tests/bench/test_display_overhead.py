@@ -10,10 +10,10 @@ from streamchat.bench.display_overhead import (
     measure_display_overhead,
     rows,
 )
-from streamchat.engine.events import TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
+from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.errors import ConfigError
+from streamchat.generation.events import TurnFinished
+from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 

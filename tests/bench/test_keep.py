@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from streamchat.bench import keep
 from streamchat.bench.commands import bench_app
-from streamchat.engine.template import ChatFormat
+from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from tests.bench.conftest import VOCAB
 from tests.support.models import tiny_model

@@ -6,9 +6,9 @@ import pytest
 
 from streamchat import defaults
 from streamchat.bench import speed
-from streamchat.bench.sizes import sizes_for
-from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError
+from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.sizes import sizes_for
 from tests.support.models import tiny_model
 
 SETTINGS = GenerationSettings()

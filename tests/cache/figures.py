@@ -58,9 +58,9 @@ def snapshot() -> None:
     from transformers import AutoModelForCausalLM
 
     from streamchat import defaults
-    from streamchat.bench.models import random_config
     from streamchat.cache import SinkCache, prefill_chunks
     from streamchat.cache.snapshots import ReplySnapshot
+    from streamchat.measure.models import random_config
 
     config = random_config("llama-2-7b")
     layers, config.num_hidden_layers = config.num_hidden_layers, 2

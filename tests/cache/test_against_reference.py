@@ -20,9 +20,9 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.engine.decoder import decode_step
-from streamchat.loading.device import Accelerators
-from streamchat.loading.quantization import plan_quantization, quantize_model
+from streamchat.generation.decoder import decode_step
+from streamchat.placement.device import Accelerators
+from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model
 from tests.support.reference_cache import NaiveSinkCache
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.bench.perplexity import streaming_nll
+from streamchat.measure.perplexity import streaming_nll
 
 # Chapters 1-3 of Pride and Prejudice (public domain, from Project Gutenberg's text): about 3,000 tokens.
 TEXT = Path(__file__).resolve().parents[1] / "support" / "texts" / "pride-and-prejudice-chapters-1-3.txt"

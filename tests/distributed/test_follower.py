@@ -2,12 +2,12 @@
 
 import pytest
 
+from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.follower import follow
 from streamchat.distributed.lockstep import EXIT, Request
-from streamchat.engine.events import TextDelta
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import OutOfMemoryError, RankLostError
+from streamchat.generation.events import TextDelta
+from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 

@@ -2,13 +2,13 @@
 
 import pytest
 
+from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
 from streamchat.distributed.lockstep import EXIT, Request
-from streamchat.engine.events import NotResumed, Replayed, TextDelta, TurnFinished
-from streamchat.engine.session import ChatSession, SessionOptions
-from streamchat.engine.session_file import read_session
-from streamchat.engine.settings import GenerationSettings
 from streamchat.errors import ConfigError, OutOfMemoryError, PeerLostError, RankLostError
+from streamchat.generation.events import NotResumed, Replayed, TextDelta, TurnFinished
+from streamchat.generation.settings import GenerationSettings
+from streamchat.storage.session_file import read_session
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 

@@ -263,7 +263,7 @@ def test_bad_command_line_values_name_the_option(cli: dict[str, object], message
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "mps", "cuda:0", "cuda:7"])
 def test_any_device_name_passes_whatever_this_machine_has(device: str) -> None:
-    # Whether the machine has it is settled when the model loads (tests/loading/test_device.py).
+    # Whether the machine has it is settled when the model loads (tests/placement/test_device.py).
     assert resolve_run_config({"device": device}, {}, None).device == device
     assert resolve_run_config({}, {"STREAMCHAT_DEVICE": device}, None).device == device
 

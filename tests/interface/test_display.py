@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from streamchat.engine.events import (
+from streamchat.generation.events import (
     CacheOccupancy,
     CacheStats,
     Compiled,

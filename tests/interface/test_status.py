@@ -1,6 +1,6 @@
 import pytest
 
-from streamchat.engine.events import CacheStats
+from streamchat.generation.events import CacheStats
 from streamchat.interface.status import (
     BAR_CHARACTERS,
     bar_segments,

@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 
 from streamchat import defaults
 from streamchat.loading import LoadOptions, load_model
-from streamchat.loading.device import detect_accelerators
 from streamchat.loading.resolve import packaged_gguf
+from streamchat.placement.device import detect_accelerators
 
 pytestmark = [
     pytest.mark.default_model,

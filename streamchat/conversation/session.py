@@ -1,0 +1,334 @@
+"""ChatSession: one model, one tokenizer, one sink cache and one transcript, for as long as the chat lasts.
+
+Each call that moves the conversation (chat, regenerate, replay) returns an iterator of
+events; the conversation advances as the caller consumes it. Every token is fed exactly
+once, in conversation order: the cache is never recomputed, only reset when asked.
+
+The session keeps the conversation: the transcript, the chat format, the settings, what
+/regen goes back to, saving and loading. Its tokens go through the cache in a TokenLoop
+(streamchat.generation.token_loop), which prefills prompts and decodes replies.
+
+    session = ChatSession(model, tokenizer, SessionOptions())
+    for event in session.chat("Hello!"):
+        ...  # TextDelta, Evicted, CacheOccupancy, ..., TurnFinished
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamchat.cache import CacheStats, SinkCache
+from streamchat.cache.snapshots import release_snapshots
+from streamchat.conversation.kept_prefix import kept_tokens
+from streamchat.conversation.regen import RegenPoint
+from streamchat.conversation.session_options import SessionOptions, eviction_policy
+from streamchat.conversation.state import restore_session_tensors, write_session_state
+from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
+from streamchat.errors import CacheStateError, ConfigError
+from streamchat.generation.decoder import Decoder, StepChannel
+from streamchat.generation.events import (
+    CacheOccupancy,
+    Event,
+    NotResumed,
+    Replayed,
+    Resumed,
+    TextDelta,
+    TurnFinished,
+)
+from streamchat.generation.mirror import CacheMirror, CacheView
+from streamchat.generation.reply import Reply
+from streamchat.generation.sampling import Sampler
+from streamchat.generation.settings import GenerationSettings
+from streamchat.generation.token_loop import TokenLoop
+from streamchat.storage.cache_file import SavedState, StateKey, read_state, state_path
+from streamchat.storage.session_file import SavedSession, read_session, save_session
+
+
+class ChatSession:
+    def __init__(self, model: Any, tokenizer: Any, options: SessionOptions | None = None) -> None:
+        options = options or SessionOptions()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eviction = options.eviction
+        self.read_all = options.read_all
+        self.settings = options.settings or GenerationSettings.from_generation_config(
+            getattr(model, "generation_config", None)
+        )
+        self.sampler = Sampler(self.settings.seed)
+        self.keep, self.window = options.keep, options.window
+        self.token_loop = TokenLoop(
+            model, tokenizer, options.window, options.prefill_chunk, options.compile_backend, options.channel
+        )
+        self.transcript: list[Message] = []
+        # The cache holds exactly the transcript: no turn, replay or resume is half done.
+        self._settled = True
+        self._snapshot: RegenPoint | None = None
+        self._conversation = 0  # counts resets: a reply abandoned before one must not close after it
+        self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
+
+    # ---- reading the session --------------------------------------------------------------
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self.chat_format.system_prompt
+
+    @property
+    def seed(self) -> int:
+        """The sampler's seed: the one set, or the one drawn when none was."""
+        return self.sampler.seed
+
+    # The token loop owns the cache and its companions; the app, the ranks and the tests read them here.
+
+    @property
+    def cache(self) -> SinkCache:
+        return self.token_loop.cache
+
+    @property
+    def mirror(self) -> CacheMirror:
+        return self.token_loop.mirror
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.token_loop.decoder
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_loop.device
+
+    @property
+    def channel(self) -> StepChannel | None:
+        return self.token_loop.channel
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def cache_view(self) -> CacheView:
+        return self.mirror.view()
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    # ---- moving the conversation ----------------------------------------------------------
+
+    def chat(self, text: str) -> Iterator[Event]:
+        """Feed a user message and stream the reply.
+
+        A prompt longer than the cache can hold is read as a replay reads a conversation (see
+        streamchat.generation.prompt_reading) unless read_all; a stop() while it is read ends the
+        reading between two forward passes, and the reply before it starts.
+        """
+        self.token_loop.stop_requested = self._settled = False
+        self._forget_snapshot()
+        self.transcript.append({"role": "user", "content": text})
+        started = time.perf_counter()
+        prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
+        reply_room = self._reply_reach() if self.eviction == "turn" else None
+        read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
+        # /regen answers the same prompt again: not one that was read only in part.
+        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
+        yield from self._reply(read.logits, read.tokens, started, read.at)
+
+    def regenerate(self) -> Iterator[Event]:
+        """Take back the last reply and generate another one for the same message."""
+        if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
+            raise ConfigError("there is no reply to regenerate yet")
+        self.transcript.pop()
+        self.token_loop.stop_requested = self._settled = False
+        started = time.perf_counter()
+        logits = self._snapshot.restore(self.token_loop)
+        # The settings, and so the reply's reach, may have changed.
+        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), logits)
+        yield CacheOccupancy(self.cache_stats(), 0.0)
+        yield from self._reply(logits, 0, started, started)
+
+    def recover(self) -> Iterator[Event]:
+        """After a turn was torn off mid-step (a second Ctrl-C), make the session whole again.
+
+        A cache that missed part of a forward pass is rebuilt from the transcript. A turn
+        without a reply is dropped: a reply must follow a prompt in the cache.
+        """
+        messages = list(self.transcript)
+        if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+            messages.pop()
+        if messages and messages[-1]["role"] == "user":
+            messages.pop()
+        if messages == self.transcript and self.token_loop.is_whole():
+            return iter(())
+        return self.replay(messages)
+
+    def stop(self) -> None:
+        """Ask the reply being generated to end after the current token (safe from a signal handler)."""
+        self.token_loop.stop_requested = True
+
+    def reset(self) -> None:
+        """Forget the conversation: an empty cache and an empty transcript."""
+        self._conversation += 1
+        self._forget_snapshot()
+        self.token_loop.reset()
+        self.transcript = []
+        self._snapshot = None
+        self._settled = True
+
+    def set_system_prompt(self, text: str | None) -> Iterator[Event]:
+        """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
+        kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
+        chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
+        feeds = chat_format.conversation_ids(self.transcript)
+        self._use_format(chat_format)
+        return self._replay(list(self.transcript), feeds)
+
+    def set_option(self, key: str, value: str) -> None:
+        """Change a generation setting (or `eviction`) from text, as typed after /set."""
+        if key == "eviction":
+            self.eviction = eviction_policy(value)
+            return
+        self.settings = self.settings.with_value(key, value)
+        if key == "seed":
+            self.sampler = Sampler(self.settings.seed)
+
+    def options(self) -> list[tuple[str, str]]:
+        """Every setting /set can change, with its value as text."""
+        return [*self.settings.as_pairs(), ("eviction", self.eviction)]
+
+    def replay(self, messages: list[Message]) -> Iterator[Event]:
+        """Start over and feed a conversation through the cache, as if it had been typed and answered."""
+        return self._replay(messages, self.chat_format.conversation_ids(messages))
+
+    def save(self, path: Path, model_name: str | None = None) -> None:
+        """Write the conversation, less a last message still waiting for its reply."""
+        settings = dict(self.settings.as_pairs())
+        answered = self.transcript[: len(self.transcript) // 2 * 2]
+        saved = SavedSession(answered, self.system_prompt, settings, self.eviction, model_name)
+        save_session(path, saved)
+
+    def load(self, path: Path, key: StateKey | None = None) -> Iterator[Event]:
+        """Replace this conversation with a saved one; nothing changes if the file is bad.
+
+        With `key`, the cache state saved beside the file (cache_file.py) is restored when it
+        fits `key` and the conversation, and the session goes on exactly as it would have;
+        otherwise, or without `key`, the conversation is replayed.
+        """
+        saved = read_session(path)
+        state = read_state(state_path(path), key, saved) if key is not None else None
+        return self.load_saved(saved, state)
+
+    def load_saved(self, saved: SavedSession, state: SavedState | str | None = None) -> Iterator[Event]:
+        """Replace this conversation with one read already (`state`: as for _resume); nothing changes if it is bad."""
+        settings = self.settings
+        for name, value in saved.settings.items():
+            settings = settings.with_value(name, value)
+        eviction = eviction_policy(saved.eviction)
+        chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
+        feeds = chat_format.conversation_ids(saved.messages)
+        self._use_format(chat_format)
+        self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
+        return self._resume(saved.messages, feeds, state)
+
+    def save_state(self, path: Path, key: StateKey) -> int | None:
+        """Write the whole state to `path` (beside a session file: cache_file.state_path); its size in bytes.
+
+        None, and nothing written, when no whole conversation is in the cache (a turn torn off half way).
+        """
+        if len(self.transcript) % 2 or not self._settled or not self.token_loop.is_whole():
+            return None
+        return write_session_state(self, path, key)
+
+    def _resume(
+        self, messages: list[Message], feeds: list[list[int]], state: SavedState | str | None
+    ) -> Iterator[Event]:
+        """Restore a saved state; or say why not (`state` is the reason), and replay the conversation."""
+        if isinstance(state, SavedState):
+            self.reset()
+            self._settled = False
+            try:
+                restore_session_tensors(self, state.tensors, state.seed)
+            except CacheStateError as error:
+                state = str(error)
+            else:
+                self.transcript = [{"role": m["role"], "content": m["content"]} for m in messages]
+                self._settled = True
+                yield CacheOccupancy(self.cache_stats(), 0.0)
+                yield Resumed(messages=len(messages), tokens=self.cache_stats().used)
+                return
+        if state is not None:
+            yield NotResumed(state)
+        yield from self._replay(messages, feeds)
+
+    def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
+        """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
+        self.reset()
+        self._settled = False
+        total = sum(len(ids) for ids in feeds)
+        start = 0
+        for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
+            self.transcript.append({"role": message["role"], "content": message["content"]})
+            yield from self.token_loop.replay_message(ids, start, total, index)
+            start += len(ids)
+        self._settled = True
+        yield CacheOccupancy(self.cache_stats(), 0.0)
+        yield Replayed(messages=len(messages), tokens=self.cache_stats().seen)
+
+    # ---- a turn in the transcript -------------------------------------------------------------
+
+    def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float) -> Iterator[Event]:
+        """Generate the answer to the last message, then close the turn in the cache and the transcript."""
+        message = len(self.transcript)
+        self.transcript.append({"role": "assistant", "content": ""})
+        reply = Reply(self.tokenizer, self.settings, started, prefilled)
+        conversation = self._conversation
+        try:
+            yield from self.token_loop.decode(logits, reply, message, self.sampler, self.stop_ids)
+        except GeneratorExit:
+            # The caller abandoned the reply: close it all the same, silently, so the next turn
+            # works; unless the conversation was replaced meanwhile (reset, replay, recover).
+            if conversation == self._conversation:
+                reply.reason = "interrupted"
+                _drain(self._close(reply, message))
+            raise
+        yield from self._close(reply, message)
+        stats = reply.stats(prompt_tokens)
+        yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
+        yield TurnFinished(reply=reply.text, stats=stats)
+
+    def _close(self, reply: Reply, message: int) -> Iterator[Event]:
+        """Record the reply's text, then feed what closes it (the end of turn)."""
+        tail = reply.flush()
+        if tail:
+            yield TextDelta(tail)
+        self.transcript[message]["content"] = reply.text
+        closing = list(self.chat_format.end_of_turn_ids)
+        if closing:
+            yield from self.token_loop.feed(closing, message)
+        self._settled = True
+
+    def _reply_reach(self) -> int:
+        """How many tokens a reply can feed: the longest one and the end of its turn."""
+        return self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _use_format(self, chat_format: ChatFormat) -> None:
+        """Talk in `chat_format` from now on, through a cache that keeps its prefix (a new one if it must)."""
+        kept = kept_tokens(chat_format, self.keep, self.window)
+        generation_config = getattr(self.model, "generation_config", None)
+        self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
+        self.chat_format = chat_format
+        self._settled = not self.transcript  # a conversation in the cache was read in another format
+        if self.cache is None or self.cache.sinks != kept:
+            self._snapshot = None  # its copies of the old cache go before the new one is allocated
+            self.token_loop.use_sinks(kept)
+
+    def _forget_snapshot(self) -> None:
+        """The last reply can no longer be regenerated: the cache may rebase again."""
+        self._snapshot = None
+        release_snapshots(self.cache)
+
+
+def _drain(events: Iterator[Event]) -> None:
+    for _ in events:
+        pass

@@ -1,0 +1,45 @@
+"""What a chat session starts with: its cache's shape, how it reads and evicts, its generation settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from streamchat import defaults
+from streamchat.conversation.kept_prefix import Keep, parse_keep
+from streamchat.errors import ConfigError
+from streamchat.generation.settings import GenerationSettings
+
+if TYPE_CHECKING:
+    from streamchat.generation.decoder import StepChannel
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    # What the cache keeps forever as its sinks: "system" (through the system turn) or a number of first tokens.
+    keep: Keep = defaults.KEEP
+    window: int = defaults.WINDOW
+    eviction: str = defaults.EVICTION_POLICY
+    system_prompt: str | None = None
+    prefill_chunk: int = defaults.PREFILL_CHUNK
+    # None: streamchat's defaults overridden by the model's generation config.
+    settings: GenerationSettings | None = None
+    # A prompt longer than the cache: False reads its start and last two windows, True every token.
+    read_all: bool = defaults.READ_ALL
+    # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
+    compile_backend: str | None = None
+    # Under tensor parallelism, how the ranks agree on each token and stop; None in one process.
+    channel: StepChannel | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keep", parse_keep(self.keep))
+        eviction_policy(self.eviction)
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
+
+
+def eviction_policy(value: str) -> str:
+    """`value` when it names an eviction policy; ConfigError otherwise."""
+    if value not in defaults.EVICTION_POLICIES:
+        raise ConfigError(f"eviction must be one of {', '.join(defaults.EVICTION_POLICIES)}, got {value!r}")
+    return value

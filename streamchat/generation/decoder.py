@@ -1,0 +1,256 @@
+"""The token loop: draw a token on the device, feed it back, read it on the host, one step ahead.
+
+    decoder = Decoder(model, cache)                # or compile_backend="inductor"
+    decoder.start(logits, settings, sampler)      # the logits after the prompt
+    while ...:
+        token = decoder.next()                    # drawn and already fed; its step's eviction
+        if it ends the reply without belonging in the cache:
+            decoder.take_back()                   # the step that fed it never happened
+
+A drawn token goes straight back into the model as a device tensor. The host reads
+it only after the step that feeds it is queued, so on an accelerator the device
+computes step t+1 while the host detokenizes token t (mlx-lm's generate loop does the
+same). That step is a guess: when token t turns out to end the reply (an end-of-turn
+token the template closes differently), take_back() rolls the cache back, which costs
+nothing (cache/ledger.py: decode steps only write free slots). The repetition penalty
+reads the cache's own record of its tokens, on the device.
+
+Under tensor parallelism (streamchat.distributed) every rank runs this loop in lockstep:
+a `StepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
+stops there, and the other ranks feed what they are told. Without one, nothing changes.
+
+A decode step has fixed shapes once the sinks are full, so it can be compiled into one
+graph (CUDA graphs on a GPU); before that, and on request, steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from streamchat import defaults
+from streamchat.cache import SinkCache, forward
+from streamchat.cache.ledger import Eviction
+from streamchat.cache.snapshots import Checkpoint
+from streamchat.errors import ConfigError
+from streamchat.generation.sampling import Draw, Sampler, penalize_held
+from streamchat.generation.settings import GenerationSettings
+
+
+def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
+    """One decode step for token [1, 1], after cache.prepare_decode(): logits [1, 1, vocab]. Compilable."""
+    inputs = cache.decode_inputs(token)
+    return model(
+        input_ids=token,
+        cache=cache,
+        position_ids=inputs.position_ids,
+        attention_mask=inputs.attention_mask,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits
+
+
+class StepChannel(Protocol):
+    """How the ranks of a tensor-parallel run agree on each step (streamchat.distributed.lockstep)."""
+
+    leads: bool  # this rank draws; the others are told
+
+    def share_token(self, token: int | None) -> int | None:
+        """The leader's token, or None where its reply stops; the leader passes its own."""
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Whether the leader asked to stop (between two forward passes of a prompt)."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A token drawn and fed, and what feeding it evicted."""
+
+    token: int
+    eviction: Eviction | None
+
+
+class Decoder:
+    """Draws, feeds and reads reply tokens for one session's model and cache."""
+
+    def __init__(
+        self,
+        model: Any,
+        cache: SinkCache,
+        compile_backend: str | None = None,
+        vocab_size: int | None = None,
+        channel: StepChannel | None = None,
+    ) -> None:
+        self.model = model
+        self.channel = channel
+        self.cache = cache
+        self.device = model.get_input_embeddings().weight.device
+        self.compiled = compile_backend is not None
+        cache.static_extent = self.compiled
+        # Rows past the tokenizer's vocabulary (padding some models add) are never drawn.
+        self.vocab_size = vocab_size
+        self.compile_seconds: float | None = None  # how long the first compiled step took
+        self._step_fn = _compiled_step(self.device, compile_backend) if compile_backend else decode_step
+        self._reader = _Reader(self.device)
+        self._row: torch.Tensor | None = None  # the logits the next token is drawn from [vocab]
+        self._previous_row: torch.Tensor | None = None
+        self._settings = GenerationSettings()
+        self._sampler = Sampler(0)
+        self._checkpoint: Checkpoint | None = None
+
+    @property
+    def will_compile(self) -> bool:
+        """Whether the next step compiles first (the UI says so: it takes a while)."""
+        return self.compiled and self.compile_seconds is None and self.cache.ledger.sinks_full
+
+    def start(self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler) -> None:
+        """Decode from `logits` [1, n, vocab] (the last position's count) with these settings."""
+        self._row, self._settings, self._sampler = self._last_row(logits), settings, sampler
+
+    def next(self, stop_requested: bool = False) -> Decoded | None:
+        """Draw the next token, feed it, and read it back; None when the reply stops here instead.
+
+        `stop_requested` is the caller's stop(): with a channel, the leader's decides for every rank.
+        """
+        if self.channel is not None:
+            return self._next_in_lockstep(stop_requested)
+        if stop_requested:
+            return None
+        row = self._penalized(self._row)
+        drawn = self._sampler.draw(row, self._settings)
+        self._reader.send(drawn)
+        if not self._reader.asynchronous:
+            # The host waits for the token anyway: settle the draw before feeding it.
+            token, settled = self._reader.receive()
+            if not settled:
+                drawn = self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False)
+                token = int(drawn.token.item())
+            return Decoded(token, self._feed(drawn.token))
+        eviction = self._feed(drawn.token)  # queued before the token is read: the device keeps busy
+        token, settled = self._reader.receive()
+        if not settled:
+            # The shortlist could not decide: take the step back, draw over the whole vocabulary.
+            self.take_back()
+            drawn = self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False)
+            token = int(drawn.token.item())
+            eviction = self._feed(drawn.token)
+        return Decoded(token, eviction)
+
+    def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
+        """The leader draws (settled on the host) and shares; every rank feeds the same token."""
+        token = None
+        if self.channel.leads and not stop_requested:
+            row = self._penalized(self._row)
+            drawn = self._sampler.draw(row, self._settings)
+            self._reader.send(drawn)
+            token, settled = self._reader.receive()
+            if not settled:
+                token = int(self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False).token.item())
+        token = self.channel.share_token(token)
+        if token is None:
+            return None
+        return Decoded(token, self._feed(torch.tensor([token], device=self.device)))
+
+    def take_back(self) -> None:
+        """Undo the step that fed the last token (exactly: nothing it overwrote was held)."""
+        self._checkpoint.restore(self.cache)
+        self._row = self._previous_row
+
+    # ---- the phases of a step ----------------------------------------------------------
+
+    def _last_row(self, logits: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [vocab] as a float32 copy: a compiled step reuses its output buffer."""
+        row = logits[0, -1]
+        if self.vocab_size is not None and row.shape[-1] > self.vocab_size:
+            row = row[: self.vocab_size]
+        return row.to(torch.float32, copy=True)
+
+    def _penalized(self, row: torch.Tensor) -> torch.Tensor:
+        penalty = self._settings.repetition_penalty
+        if penalty == 1.0:
+            return row
+        occupancy = self.cache.occupancy
+        return penalize_held(row, occupancy.token_ids, occupancy.held, penalty)
+
+    def _feed(self, token: torch.Tensor) -> Eviction | None:
+        """Feed token [1] through the cache; keep the logits after it."""
+        cache = self.cache
+        self._checkpoint, self._previous_row = Checkpoint.take(cache), self._row
+        eviction = cache.evict_for_space(1)
+        token = token.reshape(1, 1)
+        if not cache.ledger.sinks_full:
+            self._row = self._last_row(forward(self.model, cache, token))
+            return eviction
+        with torch.inference_mode():
+            cache.prepare_decode()
+            logits = self._compiled_call(token) if self.compiled else self._step_fn(self.model, cache, token)
+            self._row = self._last_row(logits)
+        cache.finish_step()
+        return eviction
+
+    def _compiled_call(self, token: torch.Tensor) -> torch.Tensor:
+        if self.compile_seconds is not None:
+            _mark_graph_step(self.device)
+            return self._step_fn(self.model, self.cache, token)
+        self.cache.mark_static()
+        started = time.perf_counter()
+        logits = self._step_fn(self.model, self.cache, token)
+        self.compile_seconds = time.perf_counter() - started
+        return logits
+
+
+class _Reader:
+    """Token ids back to the host: on CUDA through pinned memory and an event, so only the token is waited for."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.asynchronous = device.type == "cuda"
+        self._values: torch.Tensor | None = None
+        if self.asynchronous:
+            self._host = torch.empty(2, dtype=torch.long, pin_memory=True)
+            self._ready = torch.cuda.Event()
+
+    def send(self, drawn: Draw) -> None:
+        """Start copying the draw's token and settled flag to the host."""
+        values = torch.cat((drawn.token.reshape(1), drawn.settled.reshape(1).long()))
+        if self.asynchronous:
+            self._host.copy_(values, non_blocking=True)
+            self._ready.record()
+        else:
+            self._values = values
+
+    def receive(self) -> tuple[int, bool]:
+        if self.asynchronous:
+            self._ready.synchronize()
+            token, settled = self._host.tolist()
+        else:
+            token, settled = self._values.tolist()
+        return token, bool(settled)
+
+
+def compile_backend(setting: str, device: torch.device) -> str | None:
+    """What --compile auto|on|off means on `device`: a torch.compile backend, or None for eager steps.
+
+    auto compiles on CUDA, where a step is thousands of kernel launches that CUDA graphs
+    replay at once, and not on the CPU, where the time goes into the matrix products
+    themselves and compiling gains nothing (shared/notes/performance.md) but a wait.
+    """
+    if setting not in defaults.COMPILE_SETTINGS:
+        raise ConfigError(f"--compile {setting!r}: choose one of {', '.join(defaults.COMPILE_SETTINGS)}")
+    if setting == "auto":
+        return "inductor" if device.type == "cuda" else None
+    return "inductor" if setting == "on" else None
+
+
+def _compiled_step(device: torch.device, backend: str) -> Any:
+    """decode_step compiled to one graph: with CUDA graphs on a GPU, where launching kernels one by one is the cost."""
+    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+    return torch.compile(decode_step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+
+
+def _mark_graph_step(device: torch.device) -> None:
+    if device.type == "cuda":
+        # Tells CUDA graph trees that the last step's outputs are done with, so the next replay may reuse them.
+        torch.compiler.cudagraph_mark_step_begin()

@@ -1,0 +1,215 @@
+"""TokenLoop: the tokens of a conversation through one sink cache, each fed exactly once, in order.
+
+ChatSession decides what to say and keeps the transcript; the token loop does the work
+per token, in the phases of a turn:
+
+    prefill         read a prompt (only its head and tail when it is longer than the cache)
+    decode          draw, show and feed reply tokens until a stop
+    feed            any other tokens: the end of a turn, a replayed message
+
+It owns the cache, the mirror of what the cache holds and the fixed-shape decode step,
+and turns every eviction it makes into an Evicted event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+import torch
+
+from streamchat.cache import SinkCache
+from streamchat.cache.feeding import chunk_sizes, forward
+from streamchat.cache.ledger import Eviction
+from streamchat.generation.decoder import Decoder, StepChannel
+from streamchat.generation.events import (
+    CacheOccupancy,
+    Compiled,
+    Compiling,
+    Event,
+    Evicted,
+    PromptSkipped,
+    PromptTruncated,
+    TextDelta,
+)
+from streamchat.generation.mirror import CacheMirror
+from streamchat.generation.out_of_memory import out_of_memory_reported
+from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, ReadingProgress, prompt_parts, replayed_parts
+from streamchat.generation.reply import Reply
+from streamchat.generation.sampling import Sampler
+
+
+class Prefilled(NamedTuple):
+    """A prompt read into the cache."""
+
+    logits: torch.Tensor  # the last position's: the reply is drawn from them
+    tokens: int  # how many were read (not a long prompt's middle, not past a stop())
+    whole: bool  # every token meant to be read was: no stop() cut the reading short
+    at: float  # time.perf_counter() when the last of them was in the cache
+
+
+class TokenLoop:
+    """Feeds one conversation's tokens through a sink cache and draws its replies."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        window: int,
+        prefill_chunk: int,
+        compile_backend: str | None,
+        channel: StepChannel | None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.window = window
+        self.prefill_chunk = prefill_chunk
+        self.compile_backend = compile_backend
+        # Under tensor parallelism: how the ranks agree on tokens and stops (streamchat.distributed).
+        self.channel = channel
+        self.device = model.get_input_embeddings().weight.device
+        # All three come with use_sinks(): a cache's size depends on the chat format, known later.
+        self.cache: SinkCache | None = None
+        self.decoder: Decoder | None = None
+        self.mirror: CacheMirror | None = None
+        # Set from outside, a signal handler included: the loop heeds it between two forward passes.
+        self.stop_requested = False
+
+    def use_sinks(self, sinks: int) -> None:
+        """Keep `sinks` tokens from now on, in a new, empty cache."""
+        self.cache = self.decoder = None  # the old storage goes before the new one is allocated
+        self.cache = SinkCache.for_model(self.model, sinks, self.window)
+        self.decoder = Decoder(
+            self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer), channel=self.channel
+        )
+        self.mirror = CacheMirror(sinks)
+
+    def reset(self) -> None:
+        """Empty the cache, keeping its storage (and the decode step compiled for it)."""
+        self.cache.reset()
+        self.mirror = CacheMirror(self.cache.sinks)
+
+    def is_whole(self) -> bool:
+        """Whether the cache holds what the mirror says: no forward pass was torn off half way."""
+        return self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache.stats().used
+
+    def stop_agreed(self) -> bool:
+        """stop() as every rank sees it: the leader's, under tensor parallelism."""
+        if self.channel is None:
+            return self.stop_requested
+        return self.channel.agree_stop(self.stop_requested)
+
+    # ---- the phases of a turn ---------------------------------------------------------------
+
+    def prefill(
+        self, prompt: list[int], message: int, read_all: bool, reply_room: int | None
+    ) -> Generator[Event, None, Prefilled]:
+        """Read the prompt of transcript message `message`; a long one as a replay reads a
+        conversation (streamchat.generation.prompt_reading) unless `read_all`. With `reply_room`,
+        room is made at once for the prompt and that many reply tokens (the paper's per-turn policy)."""
+        stats = self.cache.stats()
+        head, tail = prompt_parts(prompt, stats.seen, self.cache.sinks, self.cache.window, read_all)
+        wanted = len(head) + len(tail)
+        if wanted < len(prompt):
+            yield PromptSkipped(len(prompt), wanted, "too_long")
+        if reply_room is not None:
+            yield from self._evict_for(min(wanted + reply_room, self.cache.window))
+        before = self.cache.stats()
+        logits, read = yield from self._read_prompt(head, tail, len(prompt) - wanted, message)
+        prefilled = time.perf_counter()
+        # Evictions take the oldest window tokens first: past those, they took the prompt's own.
+        dropped = self.cache.stats().evicted - before.evicted - before.window_used
+        if read < wanted:
+            yield PromptSkipped(len(prompt), read, "stopped")
+        elif dropped > 0:
+            yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=read - dropped)
+        return Prefilled(logits, read, read == wanted, prefilled)
+
+    def decode(
+        self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
+    ) -> Generator[Event, None, None]:
+        """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
+        settings = reply.settings
+        self.decoder.start(logits, settings, sampler)
+        while True:
+            compiling = self.decoder.will_compile and not self.stop_requested
+            if compiling:
+                yield Compiling()
+            with out_of_memory_reported(self.device, "generating"):
+                # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
+                decoded = self.decoder.next(self.stop_requested)
+            if decoded is None:
+                break
+            if compiling and self.decoder.compile_seconds is not None:
+                yield Compiled(self.decoder.compile_seconds)
+            if decoded.token in stop_ids:
+                self.decoder.take_back()
+                reply.reason = "eos"
+                return
+            delta = reply.add(decoded.token)
+            self.mirror.append([decoded.token], message)
+            evicted = self._evicted(decoded.eviction) if decoded.eviction is not None else None
+            if delta:
+                yield TextDelta(delta)
+            if evicted is not None:
+                yield evicted
+            if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
+                return
+            yield CacheOccupancy(self.cache.stats(), reply.decode_speed())
+        reply.reason = "interrupted"
+
+    def feed(self, token_ids: list[int], message: int) -> Generator[Event, None, torch.Tensor | None]:
+        """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
+        logits = None
+        start = 0
+        with torch.inference_mode():
+            for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
+                chunk = token_ids[start : start + size]
+                yield from self._evict_for(size)
+                with out_of_memory_reported(self.device, f"reading {size} tokens"):
+                    logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+                self.mirror.append(chunk, message)
+                start += size
+        return logits
+
+    def replay_message(self, ids: list[int], start: int, total: int, message: int) -> Generator[Event, None, None]:
+        """Feed message `message`, at stream position `start` of a replay `total` tokens long: only what
+        falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again."""
+        skip_to = total - REPLAYED_WINDOWS * self.cache.window
+        head, tail = replayed_parts(ids, start, self.cache.sinks, skip_to)
+        if head:
+            yield from self.feed(head, message)
+        self.mirror.skip(len(ids) - len(head) - len(tail), message)
+        if tail:
+            yield from self.feed(tail, message)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _read_prompt(
+        self, head: list[int], tail: list[int], skipped: int, message: int
+    ) -> Generator[Event, None, tuple[torch.Tensor, int]]:
+        """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
+        (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
+        progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
+        logits = None
+        for part, skipped_after in ((head, skipped), (tail, 0)):
+            for piece in progress.pieces(part):
+                if logits is not None and self.stop_agreed():
+                    return logits, progress.read
+                logits = yield from self.feed(piece, message)
+                if (event := progress.advance(len(piece))) is not None:
+                    yield event
+            self.mirror.skip(skipped_after, message)
+        return logits, progress.read
+
+    def _evict_for(self, incoming: int) -> Generator[Event, None, None]:
+        """Make room for `incoming` tokens; report what that evicted."""
+        eviction = self.cache.evict_for_space(incoming)
+        if eviction is not None:
+            yield self._evicted(eviction)
+
+    def _evicted(self, eviction: Eviction) -> Evicted:
+        """The event for an eviction the cache made; the mirror forgets the same tokens."""
+        text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
+        return Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)

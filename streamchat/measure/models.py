@@ -1,0 +1,145 @@
+"""The model a benchmark runs: a loaded one (--model), or random weights in a known shape (--random-init).
+
+Decode speed depends on a model's shape, not on its weights, so `--random-init llama-2-7b`
+measures the paper's model on a GPU with no download and no hub account.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamchat.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedConfig
+
+_LLAMA_2 = {
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+# --random-init presets: the configs of known models, without their weights.
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": {
+        **_LLAMA_2,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    },
+    "llama-2-13b": {
+        **_LLAMA_2,
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 40,
+    },
+    "smollm2-135m": {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},
+        "tie_word_embeddings": True,
+    },
+    # Two small layers: seconds on any CPU, for --quick runs and tests.
+    "tiny": {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
+# Weights drawn from a fixed seed, so two runs time the same model.
+RANDOM_INIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    model: Any
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    quantization: str = "none"
+    tokenizer: Any = None  # a loaded model's; random weights have none
+
+
+def random_config(spec: str) -> PreTrainedConfig:
+    """A preset name, a config.json (or a directory holding one), or a transformers model type."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = Path(spec).expanduser()
+    if spec in PRESETS:
+        fields = dict(PRESETS[spec])
+    elif path.is_dir() or path.suffix == ".json":
+        fields = _read_config(path / "config.json" if path.is_dir() else path, spec)
+    elif spec in CONFIG_MAPPING:
+        fields = {"model_type": spec}
+    else:
+        raise ConfigError(
+            f"--random-init {spec!r}: not a preset ({', '.join(PRESETS)}), a config.json file or a model type"
+        )
+    model_type = fields.pop("model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"--random-init {spec}: model_type {model_type!r} is not a transformers model type")
+    return CONFIG_MAPPING[model_type](**fields)
+
+
+def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> BenchModel:
+    """Random weights in the shape `spec` describes, created directly on the device, quantized as `quantize` says."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from streamchat.cache.architectures import ensure_supported
+    from streamchat.loading.loader import attention_implementation
+    from streamchat.placement.device import detect_accelerators, plan_placement
+    from streamchat.placement.quantization import plan_quantization, quantize_model
+
+    accelerators = detect_accelerators()
+    placement = plan_placement(device, dtype, None, accelerators)
+    quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
+    config = random_config(spec)
+    ensure_supported(config)
+    torch.manual_seed(RANDOM_INIT_SEED)
+    # Built on the device itself: initialising 7B parameters on a CPU first would take minutes.
+    with torch.device(placement.device):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
+        )
+    model.eval()
+    quantize_model(model, quantization)
+    return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
+
+
+def _read_config(path: Path, spec: str) -> dict[str, Any]:
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--random-init {spec}: no such file {path}") from None
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--random-init {spec}: {path} is not a readable JSON config ({error})") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(f"--random-init {spec}: {path} holds no JSON object")
+    return fields

@@ -1,0 +1,207 @@
+"""Weight-only quantization of a loaded model's linear layers: --quantize auto|none|int8|int4.
+
+plan_quantization settles, from the request, the device, the dtype and what the machine
+offers alone, which scheme each kind of layer gets; quantize_model carries a plan out on
+a loaded model, in place, in under a second for the default model (so the result is not
+cached). Activations stay in the model's dtype; only weights are stored in fewer bits.
+
+Why these schemes (measured on the CI CPU in eager mode, default model; README, Benchmarks):
+
+- int4 is torchao's. On CPU its Int4OpaqueTensor runs aten's _weight_int4pack_mm_for_cpu;
+  groups of 32 are the groups of the GGUF Q4_1 blocks the default model ships in, so its
+  perplexity does not move, but in bfloat16 (scales and zero points rounded to bf16) some
+  greedy answers change, and it decodes no faster than int8 here: so auto picks int8 on
+  CPU. On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
+  capability 8.0 or newer.
+- int8 on CPU is Int8Linear (aten's _weight_int8pack_mm): torchao's int8 tensor converts
+  the whole weight to the activations' dtype on every eager call (slower than bf16), and
+  optimum-quanto reaches the same kernel through enough Python to lose most of its gain.
+  On CUDA, torchao's Int8WeightOnlyConfig: eager it dequantizes per call too, and pays
+  under torch.compile, which fuses the dequantization into the matmul.
+- The output projection (lm_head, a quarter of the default model's weights) is kept out
+  of int4: int4 there costs 8 % perplexity. On CPU it takes int8 (+0.1 %) instead; on CUDA
+  it stays in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from streamchat import defaults
+from streamchat.errors import ConfigError
+from streamchat.placement.device import Accelerators
+
+if TYPE_CHECKING:
+    import torch
+
+QUANTIZE_NAMES = ", ".join(defaults.QUANTIZATIONS)
+# The install line a missing or unusable torchao points at: the range pyproject.toml pins.
+TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"
+
+Scheme = Literal["int8-aten", "int8-torchao", "int4-torchao-cpu", "int4-torchao-cuda"]
+# int4 weights share a scale and zero point per group of this many inputs. On CPU: the GGUF
+# Q4_1 block size. On CUDA: the usual 128 where a layer's width allows, else a smaller one.
+CPU_INT4_GROUP_SIZES = (32,)
+CUDA_INT4_GROUP_SIZES = (128, 64, 32)
+# The int4 CPU kernel packs output rows in tiles of 16.
+CPU_INT4_OUT_FEATURES_MULTIPLE = 16
+# torchao's tinygemm CUDA kernel uses tensor-core instructions from Ampere (8.0) on.
+CUDA_INT4_MIN_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class QuantizationPlan:
+    """Which scheme the decoder's linear layers and the output projection get; None keeps a layer as loaded."""
+
+    method: str  # "none", "int8" or "int4": what --quantize settled on
+    layers: Scheme | None = None
+    head: Scheme | None = None
+
+
+NO_QUANTIZATION = QuantizationPlan("none")
+
+
+def is_quantize_name(name: str) -> bool:
+    """Whether `name` spells a --quantize value (see QUANTIZE_NAMES)."""
+    return name in defaults.QUANTIZATIONS
+
+
+def plan_quantization(requested: str, device: str, dtype: str, accelerators: Accelerators) -> QuantizationPlan:
+    """Settle --quantize for a model placed on `device` in `dtype` (both as plan_placement settled them)."""
+    if not is_quantize_name(requested):
+        raise ConfigError(f"--quantize {requested!r} is not a quantization; choose one of {QUANTIZE_NAMES}")
+    kind = device.split(":")[0]  # "cuda:1" is a CUDA device
+    method = _settle_auto(kind) if requested == "auto" else requested
+    if method == "none":
+        return NO_QUANTIZATION
+    if kind == "cpu":
+        if method == "int8":
+            return QuantizationPlan("int8", layers="int8-aten", head="int8-aten")
+        return QuantizationPlan("int4", layers="int4-torchao-cpu", head="int8-aten")
+    if kind == "cuda":
+        if method == "int8":
+            return QuantizationPlan("int8", layers="int8-torchao", head=None)
+        _check_cuda_int4(dtype, accelerators)
+        return QuantizationPlan("int4", layers="int4-torchao-cuda", head=None)
+    raise ConfigError(f"--quantize {method} is not supported on {device}; use --quantize none or --device cpu")
+
+
+def _settle_auto(kind: str) -> str:
+    if kind == "cpu":
+        return defaults.AUTO_QUANTIZE_CPU
+    if kind == "cuda":
+        return defaults.AUTO_QUANTIZE_CUDA
+    return "none"
+
+
+def _check_cuda_int4(dtype: str, accelerators: Accelerators) -> None:
+    if dtype != "bfloat16":
+        raise ConfigError(
+            f"--quantize int4 on CUDA computes in bfloat16 only, not {dtype}; "
+            "add --dtype bfloat16 or use --quantize int8"
+        )
+    if accelerators.cuda_capability < CUDA_INT4_MIN_CAPABILITY:
+        found = ".".join(map(str, accelerators.cuda_capability))
+        raise ConfigError(
+            f"--quantize int4 on CUDA needs compute capability 8.0 or newer (Ampere), this GPU has {found}; "
+            "use --quantize int8 or none"
+        )
+
+
+# ---- carrying a plan out ----------------------------------------------------------------------
+
+
+def quantize_model(model: torch.nn.Module, plan: QuantizationPlan) -> int:
+    """Quantize `model`'s linear layers in place as `plan` says; return how many layers were quantized.
+
+    A layer whose shape the scheme's kernel cannot take stays as it is.
+    """
+    if plan.method == "none":
+        return 0
+    import torch
+
+    head = model.get_output_embeddings()
+    count = 0
+    if plan.layers is not None:
+        count += _apply(model, plan.layers, lambda module: isinstance(module, torch.nn.Linear) and module is not head)
+    if plan.head is not None and isinstance(head, torch.nn.Linear):
+        count += _apply(model, plan.head, lambda module: module is head)
+    return count
+
+
+def _apply(model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool]) -> int:
+    if scheme == "int8-aten":
+        return _replace_with_int8_linear(model, chosen)
+    torchao = _import_torchao(scheme)
+    if scheme == "int8-torchao":
+        config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
+        return _torchao_quantize(torchao, model, config, chosen)
+    count = 0
+    cpu = scheme == "int4-torchao-cpu"
+    sizes = CPU_INT4_GROUP_SIZES if cpu else CUDA_INT4_GROUP_SIZES
+    for size in sizes:
+        if cpu:
+            config = torchao.prototype.quantization.int4.PrototypeInt4WeightOnlyConfig(
+                group_size=size, set_inductor_config=False
+            )
+        else:
+            config = torchao.quantization.Int4WeightOnlyConfig(
+                group_size=size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
+            )
+
+        def in_this_group(module: torch.nn.Module, size: int = size) -> bool:
+            return chosen(module) and _int4_group_size(module, sizes, cpu) == size
+
+        count += _torchao_quantize(torchao, model, config, in_this_group)
+    return count
+
+
+def _int4_group_size(linear: torch.nn.Module, sizes: tuple[int, ...], cpu: bool) -> int | None:
+    """The largest of `sizes` that divides the layer's inputs, if its outputs suit the kernel too."""
+    if cpu and linear.out_features % CPU_INT4_OUT_FEATURES_MULTIPLE:
+        return None
+    return next((size for size in sizes if linear.in_features % size == 0), None)
+
+
+def _torchao_quantize(torchao: object, model: torch.nn.Module, config: object, chosen: Callable) -> int:
+    chosen_names = {name for name, module in model.named_modules() if chosen(module)}
+    if chosen_names:
+        torchao.quantization.quantize_(model, config, filter_fn=lambda module, name: name in chosen_names)
+    return len(chosen_names)
+
+
+def _replace_with_int8_linear(model: torch.nn.Module, chosen: Callable[[torch.nn.Module], bool]) -> int:
+    from streamchat.placement.int8_linear import Int8Linear, fits_int8_kernel
+
+    # Collected first: replacing children while walking the module tree would skip some.
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if chosen(child) and fits_int8_kernel(child)
+    ]
+    head = model.get_output_embeddings()
+    for parent, name, child in targets:
+        replacement = Int8Linear(child)
+        if child is head:
+            # Unties a shared embedding: the input side keeps its float table (one row read per token).
+            model.set_output_embeddings(replacement)
+        else:
+            setattr(parent, name, replacement)
+    return len(targets)
+
+
+def _import_torchao(scheme: str) -> object:
+    """torchao (its import warnings are silenced in streamchat/__init__.py)."""
+    method = scheme.split("-")[0]
+    try:
+        import torchao
+        import torchao.prototype.quantization.int4
+        import torchao.quantization
+    except ImportError as error:
+        raise ConfigError(
+            f"--quantize {method} needs torchao ({error}); pip install '{TORCHAO_REQUIREMENT}', or use --quantize none"
+        ) from None
+    return torchao

@@ -1,0 +1,167 @@
+"""The cache state file beside a session file: a conversation's exact cache, to go on without a replay.
+
+    sessions/20250101-120000-3fa2c1.jsonl               the journal (journal.py)
+    sessions/20250101-120000-3fa2c1.cache.safetensors   its state, written at exit, on SIGHUP/SIGTERM, on /save
+
+A safetensors file: the tensors of session_state.py, and a header of strings that says
+what they are valid for (`StateKey`: the model, the exact weights, dtype, device,
+quantization, keep, window), which conversation they hold (a digest of its messages,
+system prompt and seed, and its message count), the seed drawn with, and the format.
+
+A state is used only when all of it matches this run and the conversation read from
+the session file; otherwise `read_state` says why in one line, and the conversation is
+replayed. A state from before the conversation's last turn (streamchat killed without
+a chance to write it) holds another conversation, so its digest tells it apart whatever
+the files' times say. Written whole to a temporary file, synced and renamed: a kill
+leaves the previous state or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import suppress
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamchat import __version__
+from streamchat.errors import SessionFileError
+from streamchat.storage.journal import sync_directory
+from streamchat.storage.session_file import SavedSession
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT = "streamchat-cache"
+VERSION = 1
+SUFFIX = ".cache.safetensors"
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """What a cache state is valid for: a run uses one only when every field matches."""
+
+    model: str  # the model's path, or its hub id
+    weights: str  # a digest of the model's config, its weights' index and the layout loaded (loading.identity)
+    dtype: str
+    device: str  # the device type: devices round differently and keep their random state differently
+    quantization: str  # "none" when the weights are not quantized
+    keep: str  # "system" or a number of first tokens
+    window: int
+
+    def metadata(self) -> dict[str, str]:
+        return {name: str(value) for name, value in asdict(self).items()}
+
+
+# How a field is named in "its cache state was saved for --window 2000, this run has 256".
+_FIELD_WORDS = {
+    "model": "model",
+    "dtype": "dtype",
+    "device": "device",
+    "quantization": "quantization",
+    "keep": "--keep",
+    "window": "--window",
+}
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A state read from disk that fits this run and this conversation."""
+
+    tensors: dict[str, torch.Tensor]
+    seed: int  # the seed the sampler was drawing with
+
+
+def state_path(session_path: Path) -> Path:
+    """Where the cache state of the session file at `session_path` lives: beside it, under the same name."""
+    return session_path.with_suffix(SUFFIX)
+
+
+def conversation_digest(messages: list[dict[str, str]], system_prompt: str | None, seed: str) -> str:
+    """What the state's conversation is: its messages, system prompt and seed setting (as /set writes it)."""
+    text = json.dumps([messages, system_prompt, seed], ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_state(
+    path: Path, tensors: dict[str, torch.Tensor], key: StateKey, conversation: str, messages: int, seed: int
+) -> int:
+    """Write a state atomically (temporary file, fsync, rename); its size in bytes. SessionFileError if it cannot."""
+    from safetensors.torch import save_file
+
+    metadata = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        **key.metadata(),
+        "conversation": conversation,
+        "messages": str(messages),
+        "seed": str(seed),
+        "streamchat": __version__,
+        "saved": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+        os.close(handle)
+        try:
+            save_file(tensors, temporary, metadata)
+            with open(temporary, "rb") as written:
+                os.fsync(written.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(temporary)
+            raise
+        sync_directory(path.parent)
+        return path.stat().st_size
+    except OSError as error:
+        raise SessionFileError(f"cannot save the cache state to {path}: {error.strerror or error}") from error
+
+
+def read_state(path: Path, key: StateKey, saved: SavedSession) -> SavedState | str:
+    """The state at `path` when it fits `key` and the conversation `saved`, else why not (one line)."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        return "no cache state was saved beside it (streamchat writes one when it exits, and on /save)"
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata = opened.metadata() or {}
+    except (OSError, SafetensorError) as error:
+        return f"its cache state cannot be read ({error})"
+    problem = _mismatch(metadata, key, saved)
+    if problem is not None:
+        return problem
+    try:
+        return SavedState(load_file(str(path)), int(metadata["seed"]))
+    except (OSError, SafetensorError, ValueError, KeyError) as error:
+        return f"its cache state cannot be read ({error})"
+
+
+def _mismatch(metadata: dict[str, str], key: StateKey, saved: SavedSession) -> str | None:
+    """Why a state with this header cannot serve `key` and `saved`; None when it can."""
+    if metadata.get("format") != FORMAT:
+        return "its cache state file is not one streamchat wrote"
+    if metadata.get("version") != str(VERSION):
+        return f"its cache state is format version {metadata.get('version')}; this streamchat reads version {VERSION}"
+    for field in fields(StateKey):
+        was, now = metadata.get(field.name), str(getattr(key, field.name))
+        if was != now and field.name == "weights":
+            return "its cache state was saved for other weights of this model (its files changed since)"
+        if was != now:
+            return f"its cache state was saved for {_FIELD_WORDS[field.name]} {was}, this run has {now}"
+    seed = saved.settings.get("seed", "random")
+    if metadata.get("conversation") != conversation_digest(saved.messages, saved.system_prompt, seed):
+        messages = metadata.get("messages", "?")
+        if messages != str(len(saved.messages)):
+            return (
+                f"its cache state holds {messages} messages of the {len(saved.messages)} in the session: "
+                "it is older than the conversation's last turn"
+            )
+        return "its cache state holds another version of the conversation (changed after the state was saved)"
+    return None

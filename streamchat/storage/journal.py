@@ -1,0 +1,255 @@
+"""The journal: one session file per conversation, appended as the conversation goes.
+
+    sessions/20250101-120000-3fa2c1.jsonl
+    {"format": "streamchat-session", "version": 2, "id": "20250101-120000-3fa2c1", "streamchat": "0.1.0",
+     "model": "smollm2-135m", "created": "2025-01-01T12:00:00+00:00", "cache": {"sinks": 4, "window": 2000}}
+    {"type": "settings", "values": {"temperature": "0.7", ..., "eviction": "token"}, "at": "..."}
+    {"type": "system", "content": "Be brief.", "at": "..."}
+    {"type": "user", "content": "Hello!", "at": "..."}
+    {"type": "reply", "content": "Hi.", "stop_reason": "eos", "at": "..."}
+    {"type": "rewind", "messages": 1, "at": "..."}        (a /regen took the reply back)
+
+Each record is one write of one whole line to a file opened for appending, followed by
+fsync: a kill at any moment leaves every earlier record intact, and at worst a last
+line cut short, which reading ignores (streamchat.storage.session_file reads journals).
+So a crash loses at most the reply being generated. The file appears with the first
+message; settings and system prompt changes made before it go into its first records.
+
+The journal mirrors the session: `record(session)` appends whatever changed since the
+last call (new messages, a conversation that went back, settings, the system prompt),
+so it follows every way the engine changes a conversation without the engine knowing.
+A file being written is locked, so that two streamchats never append to the same one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamchat import __version__
+from streamchat.errors import SessionFileError
+from streamchat.storage.session_file import FORMAT, JOURNAL_VERSION, SavedSession
+
+if TYPE_CHECKING:
+    from streamchat.conversation.session import ChatSession
+    from streamchat.generation.events import StopReason
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; a second writer is not detected
+    fcntl = None  # type: ignore[assignment]
+
+SUFFIX = ".jsonl"
+Message = dict[str, str]
+
+
+def new_session_id() -> str:
+    """Sortable by creation time, unique without coordination: 20250101-120000-3fa2c1."""
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+class Journal:
+    """The session file of the current conversation, in `directory`, for the model called `model`."""
+
+    def __init__(
+        self, directory: Path, model: str | None, cache: dict[str, int], on_error: Callable[[str], None]
+    ) -> None:
+        self.directory = directory
+        self.model = model
+        self.cache = cache
+        self.on_error = on_error  # told once, when writing fails; the chat goes on unrecorded
+        self.path: Path | None = None  # None until the conversation has a message
+        self.failure: str | None = None
+        self._descriptor: int | None = None
+        self._messages: list[Message] = []  # the conversation as the file tells it
+        self._settings: dict[str, str] = {}
+        self._system: str | None = None
+
+    # ---- following the session ---------------------------------------------------------------
+
+    def record(self, session: ChatSession, stop_reason: StopReason | None = None) -> None:
+        """Append what changed in `session` since the last call; `stop_reason` goes with a new last reply."""
+        self._record(session.transcript, dict(session.options()), session.system_prompt, stop_reason)
+
+    def record_user(self, session: ChatSession, text: str) -> None:
+        """The user sent `text`: written before the reply starts, so that a crash cannot lose it."""
+        sent = [*session.transcript, {"role": "user", "content": text}]
+        self._record(sent, dict(session.options()), session.system_prompt, None)
+
+    def new_conversation(self) -> None:
+        """The next message starts a new file (/reset)."""
+        self.close()
+        self.path, self.failure, self._messages = None, None, []
+
+    def resume(self, path: Path, saved: SavedSession, descriptor: int | None = None) -> None:
+        """Append to the journal at `path` from now on: the conversation `saved` was read from it.
+
+        `descriptor` is what claim_journal(path) returned, else it is claimed here: SessionFileError when
+        another streamchat holds the file, and then nothing changes.
+        """
+        descriptor = claim_journal(path) if descriptor is None else descriptor
+        self.close()
+        self.path, self.failure, self._descriptor = path, None, descriptor
+        unanswered = [{"role": "user", "content": saved.unanswered}] if saved.unanswered is not None else []
+        self._messages = [*saved.messages, *unanswered]
+        self._settings = {**saved.settings, "eviction": saved.eviction}
+        self._system = saved.system_prompt
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)  # also releases the lock
+            self._descriptor = None
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def _record(
+        self, messages: list[Message], settings: dict[str, str], system: str | None, stop_reason: str | None
+    ) -> None:
+        if self.failure is not None:
+            return
+        if self.path is None and not messages:
+            return  # no file before the first message
+        try:
+            if self._descriptor is None and self.path is None:
+                self._create(settings, system)
+            changed = {key: value for key, value in settings.items() if self._settings.get(key) != value}
+            if changed:
+                self._append({"type": "settings", "values": changed})
+                self._settings |= changed
+            if system != self._system:
+                self._append({"type": "system", "content": system})
+                self._system = system
+            self._append_messages(messages, stop_reason)
+        except (OSError, SessionFileError) as error:
+            reason = str(error) if isinstance(error, SessionFileError) else error.strerror or str(error)
+            self.failure = f"cannot write the session file {self.path}: {reason}; the conversation is not being saved"
+            self.close()
+            self.on_error(self.failure)
+
+    def _append_messages(self, messages: list[Message], stop_reason: str | None) -> None:
+        kept = _common_prefix_length(self._messages, messages)
+        if kept < len(self._messages):
+            self._append({"type": "rewind", "messages": kept})
+            del self._messages[kept:]
+        for index, message in enumerate(messages[kept:], start=kept):
+            if message["role"] == "user":
+                self._append({"type": "user", "content": message["content"]})
+            else:
+                record: dict[str, Any] = {"type": "reply", "content": message["content"]}
+                if stop_reason is not None and index == len(messages) - 1:
+                    record["stop_reason"] = stop_reason
+                self._append(record)
+            self._messages.append(dict(message))
+
+    def _create(self, settings: dict[str, str], system: str | None) -> None:
+        session_id = new_session_id()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / f"{session_id}{SUFFIX}"
+        header = {
+            "format": FORMAT,
+            "version": JOURNAL_VERSION,
+            "id": session_id,
+            "streamchat": __version__,
+            "model": self.model,
+            "created": _now(),
+            "cache": self.cache,
+        }
+        self._descriptor = _open_for_appending(self.path, create=True)
+        _write_line(self._descriptor, header)
+        sync_directory(self.directory)  # the file's name, too, survives a power cut
+        self._settings, self._system, self._messages = {}, None, []
+        self._append({"type": "settings", "values": settings})
+        self._settings = dict(settings)
+        if system is not None:
+            self._append({"type": "system", "content": system})
+            self._system = system
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self._descriptor is None:
+            raise OSError("the session file is closed")
+        _write_line(self._descriptor, {**record, "at": _now()})
+
+
+def claim_journal(path: Path) -> int:
+    """The journal at `path`, opened for appending and locked, to resume (release_journal() gives it back).
+
+    SessionFileError when it cannot be written, or another streamchat is writing it.
+    """
+    return _open_for_appending(path)
+
+
+def release_journal(descriptor: int) -> None:
+    """Give back a claimed journal that is not resumed after all."""
+    os.close(descriptor)
+
+
+def _open_for_appending(path: Path, create: bool = False) -> int:
+    """A descriptor that appends to `path`, locked; a last line left torn by a kill is cut off first."""
+    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
+    try:
+        descriptor = os.open(path, flags, 0o600)  # conversations are private
+    except OSError as error:
+        raise SessionFileError(f"cannot write {path}: {error.strerror or error}") from error
+    if fcntl is not None:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(descriptor)
+            raise SessionFileError(
+                f"{path} is being written by another streamchat; /load it there, or load a copy"
+            ) from None
+    if not create:
+        _cut_torn_line(path, descriptor)
+    return descriptor
+
+
+def _cut_torn_line(path: Path, descriptor: int) -> None:
+    """Appending after a line a kill cut short would glue the next record to it."""
+    with path.open("rb") as file:
+        if file.seek(0, os.SEEK_END) == 0:
+            return
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) == b"\n":
+            return
+        data = path.read_bytes()
+    os.ftruncate(descriptor, data.rfind(b"\n") + 1)
+
+
+def _write_line(descriptor: int, record: dict[str, Any]) -> None:
+    data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    while data:
+        written = os.write(descriptor, data)
+        data = data[written:]
+    os.fsync(descriptor)
+
+
+def sync_directory(directory: Path) -> None:
+    """Make a file's creation or rename in `directory` durable (where the platform allows it)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not possible on every platform (Windows); the file itself is synced
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _common_prefix_length(first: list[Message], second: list[Message]) -> int:
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a["role"] != b["role"] or a["content"] != b["content"]:
+            break
+        length += 1
+    return length

@@ -1,0 +1,227 @@
+"""Saved sessions, read and written: the transcript and settings. Loading replays the transcript through the cache.
+
+Two formats, both read by `read_session`:
+
+- version 1, one JSON document, written whole (`save_session`, for /save FILE);
+- version 2, the journal: JSON Lines appended as the conversation goes
+  (streamchat.storage.journal writes it). Its first line is a header, every other line a
+  record: {"type": "settings" | "system" | "user" | "reply" | "rewind", ...}. A last line
+  without its newline is a write that a kill cut short, and is ignored; record types
+  this version does not know are skipped, so later versions can add their own.
+
+The cache itself is not saved: it is a function of the transcript (and far larger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from streamchat import __version__
+from streamchat.errors import SessionFileError
+
+FORMAT = "streamchat-session"
+VERSION = 1  # the JSON document
+JOURNAL_VERSION = 2  # the JSON Lines journal
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    messages: list[dict[str, str]]
+    system_prompt: str | None
+    settings: dict[str, str]  # name -> value as /set takes it
+    eviction: str
+    model: str | None
+    # A journal's last user message, when the session ended before its reply did.
+    unanswered: str | None = None
+    version: int = VERSION  # the format it was read from
+
+
+def save_session(path: Path, saved: SavedSession) -> None:
+    """Write atomically: an existing file is replaced only by a complete new one."""
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "streamchat": __version__,
+        "model": saved.model,
+        "system_prompt": saved.system_prompt,
+        "eviction": saved.eviction,
+        "settings": saved.settings,
+        "messages": saved.messages,
+    }
+    path = path.expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(document, file, ensure_ascii=False, indent=2)
+            file.write("\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        raise SessionFileError(f"cannot save the session to {path}: {error.strerror or error}") from error
+
+
+def read_session(path: Path) -> SavedSession:
+    """A saved session in either format; SessionFileError says what is wrong with the file."""
+    path = path.expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SessionFileError(f"no saved session at {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SessionFileError(f"cannot read {path}: {error}") from error
+    header = _journal_header(text)
+    if header is not None:
+        return _read_journal(path, header, text)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SessionFileError(f"{path} is not a saved session (invalid JSON at line {error.lineno})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise SessionFileError(f"{path} is not a streamchat session file")
+    if document.get("version") != VERSION:
+        raise SessionFileError(f"{path} has session format version {document.get('version')!r}; expected {VERSION}")
+    return SavedSession(
+        messages=_messages(path, document.get("messages")),
+        system_prompt=_optional_text(path, document, "system_prompt"),
+        settings=_settings(path, document.get("settings", {})),
+        eviction=str(document.get("eviction", "token")),
+        model=_optional_text(path, document, "model"),
+    )
+
+
+def _messages(path: Path, value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise SessionFileError(f"{path}: 'messages' must be a list")
+    messages = []
+    for number, message in enumerate(value, start=1):
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ("user", "assistant")
+            or not isinstance(message.get("content"), str)
+        ):
+            raise SessionFileError(f"{path}: message {number} needs a role (user or assistant) and text content")
+        expected = "user" if number % 2 else "assistant"
+        if message["role"] != expected:
+            raise SessionFileError(
+                f"{path}: message {number} is from the {message['role']}, expected the {expected} "
+                "(a saved conversation alternates user and assistant, starting with the user)"
+            )
+        messages.append({"role": message["role"], "content": message["content"]})
+    if len(messages) % 2:
+        raise SessionFileError(f"{path}: the last message, {len(messages)}, has no reply")
+    return messages
+
+
+def _settings(path: Path, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
+        raise SessionFileError(f"{path}: 'settings' must map names to text values")
+    return dict(value)
+
+
+def _optional_text(path: Path, document: dict[str, Any], key: str) -> str | None:
+    value = document.get(key)
+    if value is not None and not isinstance(value, str):
+        raise SessionFileError(f"{path}: {key!r} must be text")
+    return value
+
+
+def _journal_header(text: str) -> dict[str, Any] | None:
+    """The header of a journal, None when `text` is not one (a version 1 document starts with a lone brace)."""
+    first_line = text.split("\n", 1)[0]
+    try:
+        header = json.loads(first_line)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(header, dict) and header.get("format") == FORMAT and header.get("version") == JOURNAL_VERSION:
+        return header
+    return None
+
+
+def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession:
+    """Replay a journal's records: the conversation and settings as they stood at its last complete line."""
+    values: dict[str, str] = {}
+    system_prompt = None
+    messages: list[dict[str, str]] = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last line, without its newline: a write cut short
+                break
+            raise SessionFileError(f"{path} line {number}: not a valid record (the file is damaged there)") from None
+        if not isinstance(record, dict):
+            raise SessionFileError(f"{path} line {number}: not a valid record (expected a JSON object)")
+        kind = record.get("type")
+        if kind == "settings":
+            values |= _settings(path, record.get("values", {}))
+        elif kind == "system":
+            system_prompt = _optional_text(path, record, "content")
+        elif kind == "user":
+            if messages and messages[-1]["role"] == "user":
+                messages.pop()  # never answered, and followed by another: it left the conversation
+            messages.append({"role": "user", "content": _record_text(path, number, record)})
+        elif kind == "reply" and messages and messages[-1]["role"] == "user":
+            messages.append({"role": "assistant", "content": _record_text(path, number, record)})
+        elif kind == "rewind":
+            kept = record.get("messages")
+            if not isinstance(kept, int) or kept < 0:
+                raise SessionFileError(f"{path} line {number}: a rewind needs a message count")
+            del messages[kept:]
+    unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
+    return SavedSession(
+        messages=messages,
+        system_prompt=system_prompt,
+        settings={key: value for key, value in values.items() if key != "eviction"},
+        eviction=values.get("eviction", "token"),
+        model=_optional_text(path, header, "model"),
+        unanswered=unanswered,
+        version=JOURNAL_VERSION,
+    )
+
+
+def _record_text(path: Path, number: int, record: dict[str, Any]) -> str:
+    content = record.get("content")
+    if not isinstance(content, str):
+        raise SessionFileError(f"{path} line {number}: a {record.get('type')} record needs text content")
+    return content
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One saved session, for `streamchat sessions`."""
+
+    path: Path
+    updated: datetime  # the file's last change
+    model: str | None
+    turns: int  # the user's messages
+    first_message: str | None
+
+
+def list_sessions(directory: Path) -> tuple[list[SessionSummary], list[str]]:
+    """The sessions saved in `directory`, newest first, and a one-line problem for each file that cannot be read."""
+    summaries, problems = [], []
+    paths = sorted(directory.glob("*.json*")) if directory.is_dir() else []
+    for path in paths:
+        if path.suffix not in (".json", ".jsonl") or not path.is_file():
+            continue
+        try:
+            saved = read_session(path)
+            updated = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+        except (SessionFileError, OSError) as error:
+            problems.append(str(error))
+            continue
+        users = [message["content"] for message in saved.messages if message["role"] == "user"]
+        if saved.unanswered is not None:
+            users.append(saved.unanswered)
+        summaries.append(SessionSummary(path, updated, saved.model, len(users), users[0] if users else None))
+    summaries.sort(key=lambda summary: summary.updated, reverse=True)
+    return summaries, problems

@@ -1,0 +1,91 @@
+"""Long prompts: read as replays read a conversation, or every token with progress; a stop() between passes."""
+
+import pytest
+
+from streamchat.generation.events import (
+    CacheOccupancy,
+    PromptProgress,
+    PromptSkipped,
+    PromptTruncated,
+    TextDelta,
+    TurnFinished,
+)
+from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, prompt_parts, replayed_parts
+from tests.conversation.test_session import make_session, run
+
+IDS = list(range(100))
+
+
+def test_a_prompt_that_fits_two_windows_is_read_whole():
+    assert prompt_parts(IDS, seen=0, sinks=4, window=48, read_all=False) == (IDS, [])
+    assert prompt_parts(IDS, seen=500, sinks=4, window=50, read_all=False) == ([], IDS)
+
+
+def test_a_longer_prompt_reads_the_sinks_still_to_fill_and_its_last_two_windows():
+    assert prompt_parts(IDS, seen=0, sinks=4, window=20, read_all=False) == (IDS[:4], IDS[-40:])
+    assert prompt_parts(IDS, seen=2, sinks=4, window=20, read_all=False) == (IDS[:2], IDS[-40:])
+    assert prompt_parts(IDS, seen=500, sinks=4, window=20, read_all=False) == ([], IDS[-40:])
+    assert prompt_parts(IDS, seen=500, sinks=4, window=20, read_all=True) == (IDS, [])
+
+
+def test_replayed_parts_split_a_conversation_message_by_message():
+    # Three messages of 10 tokens; skip stream positions 4..18 of 30 (sinks 4, two windows of 6).
+    parts = [replayed_parts(list(range(start, start + 10)), start, 4, 18) for start in (0, 10, 20)]
+    assert parts == [([0, 1, 2, 3], []), ([], [18, 19]), ([], list(range(20, 30)))]
+
+
+def long_prompt(words=150):
+    return " ".join(f"word{n % 7}" for n in range(words))
+
+
+def test_a_prompt_longer_than_the_cache_is_read_from_its_tail_with_a_notice():
+    session = make_session(window=40)
+    prompt = session.chat_format.prompt_ids(long_prompt(), first_turn=True)
+    events = run(session.chat(long_prompt()))
+    skipped = [event for event in events if isinstance(event, PromptSkipped)]
+    assert skipped == [PromptSkipped(len(prompt), 4 + REPLAYED_WINDOWS * 40, "too_long")]
+    truncated = next(event for event in events if isinstance(event, PromptTruncated))
+    assert (truncated.prompt_tokens, truncated.visible_tokens) == (len(prompt), 4 + 40)  # sinks and window
+    # Read in passes of one window: the sinks, then the two windows.
+    assert [event.read_tokens for event in events if isinstance(event, PromptProgress)] == [4, 44, 84]
+    finished = events[-1]
+    assert finished.stats.prompt_tokens == 84 and finished.stats.generated_tokens == 8
+    # What the model sees: the prompt's first 4 tokens as sinks, then the end of the prompt and the reply.
+    seen = session.mirror.token_ids()
+    assert seen[:4] == prompt[:4]
+    assert session.cache_view().forgotten_tokens == len(prompt) + 8 + len(session.chat_format.end_of_turn_ids) - 44
+    assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
+
+
+def test_read_all_streams_every_token_and_reports_its_progress():
+    session = make_session(window=40, read_all=True)
+    prompt = session.chat_format.prompt_ids(long_prompt(), first_turn=True)
+    events = run(session.chat(long_prompt()))
+    assert not [event for event in events if isinstance(event, PromptSkipped)]
+    progress = [event for event in events if isinstance(event, PromptProgress)]
+    assert [event.read_tokens for event in progress] == [*range(40, len(prompt), 40), len(prompt)]
+    assert all(event.total_tokens == len(prompt) and event.tokens_per_second > 0 for event in progress)
+    assert progress[-1].seconds_left == 0
+    assert events[-1].stats.prompt_tokens == len(prompt)
+    assert session.cache_stats().seen == len(prompt) + 8 + len(session.chat_format.end_of_turn_ids)
+
+
+@pytest.mark.parametrize("read_all", [True, False])
+def test_a_stop_while_reading_ends_the_read_between_passes_and_the_next_turn_works(read_all):
+    session = make_session(window=40, read_all=read_all)
+    prompt = session.chat_format.prompt_ids(long_prompt(300), first_turn=True)
+    events = []
+    for event in session.chat(long_prompt(300)):
+        events.append(event)
+        if isinstance(event, PromptProgress) or (isinstance(event, CacheOccupancy) and not read_all):
+            session.stop()
+    assert isinstance(events[-1], TurnFinished)
+    stopped = next(event for event in events if isinstance(event, PromptSkipped) and event.reason == "stopped")
+    assert stopped.prompt_tokens == len(prompt) and 0 < stopped.read_tokens < len(prompt)
+    assert not [event for event in events if isinstance(event, TextDelta)]
+    assert events[-1].stats.stop_reason == "interrupted" and events[-1].stats.generated_tokens == 0
+    assert session.transcript[-1] == {"role": "assistant", "content": ""}
+    # What was read stays consistent: the cache and its mirror agree, and the conversation goes on.
+    assert session.cache.is_consistent() and len(session.mirror.token_ids()) == session.cache_stats().used
+    assert session.cache_stats().seen == stopped.read_tokens + len(session.chat_format.end_of_turn_ids)
+    assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8

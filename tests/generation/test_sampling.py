@@ -1,0 +1,186 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from streamchat.generation.sampling import (
+    Sampler,
+    apply_repetition_penalty,
+    mask_min_p,
+    mask_top_k,
+    mask_top_p,
+    next_token_probs,
+)
+from streamchat.generation.settings import MAX_SEED, GenerationSettings
+
+# Logits whose softmax is exactly these probabilities, up to float rounding.
+PROBS = [0.5, 0.3, 0.15, 0.05]
+LOGITS = torch.tensor(PROBS).log()
+OFF = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+INF = math.inf
+
+
+def settings(**changes: float) -> GenerationSettings:
+    return GenerationSettings(**{**OFF, **changes})
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    penalised = apply_repetition_penalty(logits, torch.tensor([0, 1, 1]), penalty=2.0)
+    assert penalised.tolist() == [1.0, -2.0, 0.5, 3.0]  # a repeated id is penalised once
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0]  # the input is left alone
+
+
+def test_repetition_penalty_of_one_or_without_history_changes_nothing() -> None:
+    logits = torch.tensor([2.0, -1.0])
+    assert apply_repetition_penalty(logits, torch.tensor([0, 1]), penalty=1.0).tolist() == [2.0, -1.0]
+    assert apply_repetition_penalty(logits, torch.tensor([], dtype=torch.long), 2.0).tolist() == [2.0, -1.0]
+
+
+def test_top_k_keeps_the_k_highest_and_ties_with_the_kth() -> None:
+    assert mask_top_k(torch.tensor([1.0, 3.0, 2.0, 0.0]), 2).tolist() == [-INF, 3.0, 2.0, -INF]
+    assert mask_top_k(torch.tensor([1.0, 3.0, 1.0, 0.0]), 2).tolist() == [1.0, 3.0, 1.0, -INF]
+    assert mask_top_k(torch.tensor([1.0, 3.0]), 0).tolist() == [1.0, 3.0]
+    assert mask_top_k(torch.tensor([1.0, 3.0]), 5).tolist() == [1.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("top_p", "kept"),
+    [(0.4, [0]), (0.75, [0, 1]), (0.85, [0, 1, 2]), (0.99, [0, 1, 2, 3]), (1.0, [0, 1, 2, 3])],
+)
+def test_top_p_keeps_the_fewest_tokens_reaching_p(top_p: float, kept: list[int]) -> None:
+    masked = mask_top_p(LOGITS, top_p)
+    assert torch.isfinite(masked).nonzero().flatten().tolist() == kept
+    assert torch.equal(masked[kept], LOGITS[kept])
+
+
+def test_top_p_works_on_unsorted_logits() -> None:
+    shuffled = LOGITS[[2, 0, 3, 1]]  # probabilities 0.15, 0.5, 0.05, 0.3
+    assert torch.isfinite(mask_top_p(shuffled, 0.75)).tolist() == [False, True, False, True]
+
+
+@pytest.mark.parametrize(("min_p", "kept"), [(0.0, [0, 1, 2, 3]), (0.2, [0, 1, 2]), (0.35, [0, 1]), (1.0, [0])])
+def test_min_p_masks_exactly_the_tokens_below_p_times_the_top_probability(min_p: float, kept: list[int]) -> None:
+    # Thresholds 0.1, 0.175 and 0.5 fall between the probabilities 0.5, 0.3, 0.15, 0.05.
+    assert torch.isfinite(mask_min_p(LOGITS, min_p)).nonzero().flatten().tolist() == kept
+
+
+def test_probs_renormalise_what_the_cuts_keep() -> None:
+    probs = next_token_probs(LOGITS, settings(top_k=2))
+    assert probs.tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0], abs=1e-6)
+    assert probs[2:].tolist() == [0.0, 0.0]  # exactly zero: never drawn
+
+
+def test_temperature_sharpens_or_flattens() -> None:
+    logits = torch.tensor([1.0, 0.0])
+    sharp = next_token_probs(logits, settings(temperature=0.5))
+    assert sharp.tolist() == pytest.approx([1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2))], abs=1e-6)
+    flat = next_token_probs(logits, settings(temperature=2.0))
+    assert flat.tolist() == pytest.approx([1 / (1 + math.exp(-0.5)), 1 / (1 + math.exp(0.5))], abs=1e-6)
+
+
+def test_temperature_applies_before_top_p() -> None:
+    # At temperature 0.5 the top token holds 0.5² / (0.25 + 0.09 + 0.0225 + 0.0025) ≈ 0.685 of
+    # the mass, so top_p 0.6 keeps it alone; at temperature 1 it needs the second token too.
+    assert (next_token_probs(LOGITS, settings(top_p=0.6, temperature=0.5)) > 0).tolist() == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert (next_token_probs(LOGITS, settings(top_p=0.6)) > 0).tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"temperature": 0.7, "top_k": 50},
+        {"temperature": 1.3, "top_p": 0.9},
+        {"temperature": 0.8, "top_k": 20, "top_p": 0.8, "min_p": 0.05},
+        {"temperature": 1.0, "min_p": 0.1},
+    ],
+)
+def test_probs_match_transformers_warpers(changes: dict[str, float]) -> None:
+    logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(0)) * 3
+    chosen = settings(**changes)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(chosen.temperature)])
+    if chosen.top_k:
+        warpers.append(TopKLogitsWarper(chosen.top_k))
+    if chosen.top_p < 1:
+        warpers.append(TopPLogitsWarper(chosen.top_p))
+    if chosen.min_p:
+        warpers.append(MinPLogitsWarper(chosen.min_p))
+    expected = warpers(torch.zeros(2, 1, dtype=torch.long), logits.clone()).softmax(dim=-1)
+    assert torch.allclose(next_token_probs(logits, chosen), expected, atol=1e-6)
+
+
+def test_repetition_penalty_matches_transformers() -> None:
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(1))
+    previous = torch.tensor([[3, 7, 7, 20, 49]])
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(previous, logits.clone())
+    assert torch.equal(apply_repetition_penalty(logits, previous, 1.3), expected)
+
+
+def test_greedy_is_argmax_after_the_repetition_penalty() -> None:
+    sampler = Sampler(seed=0)
+    greedy = settings(temperature=0.0)
+    logits = torch.tensor([3.0, 2.0, -1.0])
+    assert sampler.next_token(logits, greedy) == 0
+    assert sampler.next_token(logits, greedy, previous_ids=torch.tensor([0])) == 0  # penalty 1 by default
+    penalised = GenerationSettings(temperature=0.0, repetition_penalty=2.0)
+    assert sampler.next_token(logits, penalised, previous_ids=torch.tensor([0])) == 1  # 3 / 2 < 2
+
+
+def test_top_k_two_never_draws_the_third_token() -> None:
+    sampler = Sampler(seed=0)
+    draws = {sampler.next_token(LOGITS, settings(top_k=2)) for _ in range(300)}
+    assert draws == {0, 1}
+
+
+def test_min_p_never_draws_masked_tokens() -> None:
+    sampler = Sampler(seed=0)
+    draws = {sampler.next_token(LOGITS, settings(min_p=0.35)) for _ in range(300)}
+    assert draws == {0, 1}
+
+
+def draw(sampler: Sampler, count: int = 32, vocab: int = 1000) -> list[int]:
+    flat = torch.zeros(vocab)
+    return [sampler.next_token(flat, settings()) for _ in range(count)]
+
+
+def test_same_seed_draws_the_same_tokens() -> None:
+    assert draw(Sampler(seed=1234)) == draw(Sampler(seed=1234))
+
+
+def test_different_seeds_draw_different_tokens() -> None:
+    assert draw(Sampler(seed=1)) != draw(Sampler(seed=2))
+
+
+def test_a_sampler_without_seed_picks_one_that_replays() -> None:
+    first = Sampler()
+    assert 0 <= first.seed <= MAX_SEED
+    assert Sampler().seed != first.seed  # a fresh one each time (fails with odds 2**-64)
+    assert draw(Sampler(first.seed)) == draw(first)
+
+
+def test_sampling_ignores_torch_global_seed() -> None:
+    torch.manual_seed(0)
+    before = draw(Sampler(seed=5))
+    torch.manual_seed(1)
+    assert draw(Sampler(seed=5)) == before
+
+
+def test_half_precision_logits_are_sampled_in_float32() -> None:
+    probs = next_token_probs(LOGITS.to(torch.bfloat16), settings(top_k=2))
+    assert probs.dtype == torch.float32
+    assert Sampler(seed=0).next_token(LOGITS.to(torch.bfloat16), settings(top_k=2)) in (0, 1)

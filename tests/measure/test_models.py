@@ -1,0 +1,61 @@
+"""--random-init: known shapes without weights, from a preset, a config.json or a model type."""
+
+import json
+
+import pytest
+import torch
+
+from streamchat.errors import ConfigError, UnsupportedModelError
+from streamchat.measure.models import PRESETS, random_config, random_model
+
+
+def test_the_llama_2_7b_preset_is_the_papers_model():
+    config = random_config("llama-2-7b")
+    assert config.model_type == "llama"
+    shape = (config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.num_attention_heads)
+    assert shape == (4096, 11008, 32, 32)
+    assert (config.num_key_value_heads, config.vocab_size, config.max_position_embeddings) == (32, 32000, 4096)
+
+
+def test_every_preset_builds_a_config():
+    for name in PRESETS:
+        assert random_config(name).model_type == PRESETS[name]["model_type"]
+
+
+def test_a_config_json_or_its_directory_or_a_model_type(tmp_path):
+    fields = {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1, "architectures": ["Qwen2ForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(fields), encoding="utf-8")
+    for spec in (str(tmp_path / "config.json"), str(tmp_path)):
+        config = random_config(spec)
+        assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("qwen2", 32, 1)
+    assert random_config("mistral").model_type == "mistral"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("{not json", "is not a readable JSON config"),
+        ("[1, 2]", "holds no JSON object"),
+        ('{"hidden_size": 8}', "model_type None is not a transformers model type"),
+    ],
+)
+def test_bad_config_files_are_refused(tmp_path, content, message):
+    path = tmp_path / "shape.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        random_config(str(path))
+
+
+def test_random_weights_come_seeded_on_the_device_asked():
+    first, second = random_model("tiny", "cpu", "float32"), random_model("tiny", "auto", "float32")
+    assert (first.name, first.device, first.dtype) == ("random tiny", torch.device("cpu"), torch.float32)
+    weight = first.model.get_input_embeddings().weight
+    assert torch.equal(weight, second.model.get_input_embeddings().weight) and weight.std() > 0
+    assert random_model("tiny", "cpu", "bfloat16").dtype == torch.bfloat16
+
+
+def test_architectures_the_sink_cache_cannot_serve_are_refused():
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        random_model("gpt2", "cpu", "float32")
