@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from streamchat.app.resuming import state_key
+from streamchat.app.resuming import restored, save_state, state_key
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.generation.events import Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.transcript import UserTurn, read_transcript_file
 from streamchat.loading import LoadOptions, load_model
-from streamchat.storage.cache_file import state_path
 from streamchat.storage.journal import Journal
+from streamchat.storage.session_file import read_session
 
 
 def main() -> None:
@@ -59,27 +59,27 @@ def main() -> None:
     started = time.perf_counter()
     while session.cache_stats().seen < session.cache.capacity + 200:
         text = next(turns)
-        journal.record_user(session, text)
+        journal.record_user(session.snapshot(tensors=False), text)
         for _ in session.chat(text):
             pass
-        journal.record(session)
+        journal.record(session.snapshot(tensors=False))
     stats = session.cache_stats()
     print(
         f"conversation: {len(session.transcript)} messages, {stats.seen:,} tokens streamed, {stats.evicted:,} evicted, "
         f"cache {stats.used:,}/{stats.capacity:,} ({time.perf_counter() - started:.0f} s)"
     )
 
-    path = state_path(journal.path)
     started = time.perf_counter()
-    size = session.save_state(path, key)
+    size = save_state(session, journal.path, key)
     print(f"state: {size / 2**20:.1f} MiB on disk ({size:,} bytes), written in {time.perf_counter() - started:.2f} s")
 
+    saved = read_session(journal.path)
     resumed_times, replayed_times = [], []
     for _ in range(arguments.repeats):
         for kind, times in (("resume", resumed_times), ("replay", replayed_times)):
             fresh = ChatSession(loaded.model, loaded.tokenizer, options)
             started = time.perf_counter()
-            events = list(fresh.load(journal.path, key if kind == "resume" else None))
+            events = list(restored(fresh, saved, journal.path, key if kind == "resume" else None))
             times.append(time.perf_counter() - started)
             expected = Resumed if kind == "resume" else Replayed
             if not isinstance(events[-1], expected):
@@ -93,7 +93,7 @@ def main() -> None:
 
     following = "Summarise our conversation in one sentence."
     resumed = ChatSession(loaded.model, loaded.tokenizer, options)
-    list(resumed.load(journal.path, key))
+    list(restored(resumed, saved, journal.path, key))
     theirs = [e for e in session.chat(following) if isinstance(e, TurnFinished)][-1].reply
     ours = [e for e in resumed.chat(following) if isinstance(e, TurnFinished)][-1].reply
     print(f"next sampled reply identical to the uninterrupted session's: {ours == theirs}")

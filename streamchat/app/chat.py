@@ -28,6 +28,7 @@ from streamchat.interface.signals import Interrupted, termination_deferred
 from streamchat.interface.status import first_words, status_figures
 from streamchat.storage.cache_file import StateKey
 from streamchat.storage.journal import Journal
+from streamchat.storage.session_file import save_session
 
 
 @dataclass
@@ -56,7 +57,7 @@ class ChatApp:
                     item = commands.parse_line(line)
                     if isinstance(item, commands.Message):
                         if item.text.strip():
-                            self.journal.record_user(self.session, item.text)
+                            self.journal.record_user(self.session.snapshot(tensors=False), item.text)
                             self.turn(self.session.chat(item.text))
                     elif self.command(item) is commands.Quit:
                         break
@@ -73,7 +74,7 @@ class ChatApp:
         return 0
 
     def record(self) -> None:
-        self.journal.record(self.session, self._stop_reason)
+        self.journal.record(self.session.snapshot(tensors=False), self._stop_reason)
         self._stop_reason = None
 
     def turn(self, events: Iterator[Event]) -> None:
@@ -135,7 +136,7 @@ class ChatApp:
                     state = save_state(session, where, self.state_key)
                     display.notice(f"the conversation is saved as it goes, in {where}{_state_words(state)}")
             case commands.Save(path=path):
-                session.save(path, self.model_name)
+                save_session(path, session.snapshot(tensors=False), self.model_name)
                 state = save_state(session, path, self.state_key)
                 display.notice(f"saved {len(session.transcript)} messages to {path}{_state_words(state)}")
             case commands.Load(path=path):

@@ -54,7 +54,7 @@ def run_transcript(
             elif isinstance(item, SystemPrompt):
                 with termination_deferred(session.stop):
                     _render(session.set_system_prompt(item.text), display)
-                    journal.record(session)
+                    journal.record(session.snapshot(tensors=False))
                     if item.text:
                         writer.write_message("system", item.text)
             elif isinstance(item, UserTurn):
@@ -85,7 +85,7 @@ def resume_conversation(
         events = _not_resumed_reported(events, report)
     with termination_deferred(session.stop):
         _render(events, display)
-    journal.record(session)
+    journal.record(session.snapshot(tensors=False))
     if saved.unanswered is not None:
         report(f"the last message in {path} never got its reply (the session ended first), so it was left out")
 
@@ -105,7 +105,7 @@ def _play_turn(
     journal: Journal,
     report: Any,
 ) -> None:
-    journal.record_user(session, text)
+    journal.record_user(session.snapshot(tensors=False), text)
     finished = None
     events = session.chat(text)
     if display is None:  # no live display to say it: a prompt read in part is worth a warning line
@@ -116,7 +116,7 @@ def _play_turn(
         finished = _render(_written(events, writer), display)
     finally:
         # Also when the turn failed (a closed pipe, an error): the reply as far as it went.
-        journal.record(session, finished.stats.stop_reason if finished else None)
+        journal.record(session.snapshot(tensors=False), finished.stats.stop_reason if finished else None)
     writer.end_reply(_stats(finished))
 
 

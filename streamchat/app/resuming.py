@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamchat.conversation.state import TensorState
 from streamchat.errors import ConfigError
 from streamchat.loading.identity import quantization_of, weights_fingerprint
-from streamchat.storage.cache_file import StateKey, state_path
+from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
 
@@ -67,9 +68,9 @@ def load_session(
 ) -> tuple[Iterator[Event], SavedSession]:
     """Replace the conversation with the one saved at `path`, to go on with it in that same file.
 
-    Returns the events of restoring (or replaying) it, to be consumed by the caller, and the
-    session read. A journal another streamchat holds, or a file the session cannot use,
-    changes nothing.
+    Returns the events of restoring it (`restored`), to be consumed by the caller, and the
+    session read. A journal another streamchat holds, or a file the session
+    cannot use, changes nothing.
     """
     saved = read_session(path)
     current = journal.path
@@ -77,7 +78,7 @@ def load_session(
     # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
     claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
     try:
-        events = session.load(path, key)
+        events = restored(session, saved, path, key)
     except BaseException:
         if claimed is not None:
             release_journal(claimed)
@@ -89,11 +90,23 @@ def load_session(
     return events, saved
 
 
+def restored(session: ChatSession, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
+    """The events of making `session` the conversation `saved` (read from `path`): exactly, with the cache
+    state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
+    found = read_state(state_path(path), key, saved) if key is not None else None
+    tensors = found if isinstance(found, TensorState) else None
+    return session.restore(saved.state(tensors), found if isinstance(found, str) else None)
+
+
 def save_state(session: ChatSession, session_path: Path | None, key: StateKey | None) -> int | None:
-    """Write the cache state beside the session file at `session_path`; its size, None when nothing was written.
+    """Write the cache state beside the session file at `session_path`; its size, None when nothing was written
+    (no file, no key, or no whole conversation in the cache: a turn torn off half way).
 
     SessionFileError when it cannot be written.
     """
     if session_path is None or key is None:
         return None
-    return session.save_state(state_path(session_path), key)
+    state = session.snapshot()
+    if state.tensors is None:
+        return None
+    return write_state(state_path(session_path), state, key)

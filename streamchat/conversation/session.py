@@ -5,8 +5,14 @@ events; the conversation advances as the caller consumes it. Every token is fed 
 once, in conversation order: the cache is never recomputed, only reset when asked.
 
 The session keeps the conversation: the transcript, the chat format, the settings, what
-/regen goes back to, saving and loading. Its tokens go through the cache in a TokenLoop
+/regen goes back to. Its tokens go through the cache in a TokenLoop
 (streamchat.generation.token_loop), which prefills prompts and decodes replies.
+
+A conversation is a value: `snapshot()` gives all of it as data (a ConversationState:
+messages, settings, system prompt and, between turns, the exact tensors of its cache,
+mirror and sampler), and `restore(state)` makes a session that conversation again. The
+session touches no file: whoever owns it (the app, a server) hands those values to
+streamchat.storage.
 
     session = ChatSession(model, tokenizer, SessionOptions())
     for event in session.chat("Hello!"):
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +32,7 @@ from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
 from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import SessionOptions, eviction_policy
-from streamchat.conversation.state import restore_session_tensors, write_session_state
+from streamchat.conversation.state import ConversationState, restore_tensors, tensors_of
 from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.decoder import Decoder, StepChannel
@@ -45,8 +50,6 @@ from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.generation.token_loop import TokenLoop
-from streamchat.storage.cache_file import SavedState, StateKey, read_state, state_path
-from streamchat.storage.session_file import SavedSession, read_session, save_session
 
 
 class ChatSession:
@@ -199,65 +202,51 @@ class ChatSession:
         """Start over and feed a conversation through the cache, as if it had been typed and answered."""
         return self._replay(messages, self.chat_format.conversation_ids(messages))
 
-    def save(self, path: Path, model_name: str | None = None) -> None:
-        """Write the conversation, less a last message still waiting for its reply."""
-        settings = dict(self.settings.as_pairs())
-        answered = self.transcript[: len(self.transcript) // 2 * 2]
-        saved = SavedSession(answered, self.system_prompt, settings, self.eviction, model_name)
-        save_session(path, saved)
+    def snapshot(self, tensors: bool = True) -> ConversationState:
+        """The conversation as a value; with `tensors`, its exact tensors too when the cache holds it whole
+        (between turns: not mid-reply, not torn off half way)."""
+        whole = tensors and len(self.transcript) % 2 == 0 and self._settled and self.token_loop.is_whole()
+        return ConversationState(
+            messages=[dict(message) for message in self.transcript],
+            system_prompt=self.system_prompt,
+            settings=dict(self.options()),
+            tensors=tensors_of(self.cache, self.mirror, self.sampler) if whole else None,
+        )
 
-    def load(self, path: Path, key: StateKey | None = None) -> Iterator[Event]:
-        """Replace this conversation with a saved one; nothing changes if the file is bad.
-
-        With `key`, the cache state saved beside the file (cache_file.py) is restored when it
-        fits `key` and the conversation, and the session goes on exactly as it would have;
-        otherwise, or without `key`, the conversation is replayed.
-        """
-        saved = read_session(path)
-        state = read_state(state_path(path), key, saved) if key is not None else None
-        return self.load_saved(saved, state)
-
-    def load_saved(self, saved: SavedSession, state: SavedState | str | None = None) -> Iterator[Event]:
-        """Replace this conversation with one read already (`state`: as for _resume); nothing changes if it is bad."""
-        settings = self.settings
-        for name, value in saved.settings.items():
-            settings = settings.with_value(name, value)
-        eviction = eviction_policy(saved.eviction)
-        chat_format = ChatFormat(self.tokenizer, system_prompt=saved.system_prompt)
-        feeds = chat_format.conversation_ids(saved.messages)
+    def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
+        """Become the conversation `state`: exactly when it carries tensors that fit, else replayed
+        (`not_exact` says why there are none, for the NotResumed event). ConfigError, and nothing
+        changes, when its settings or system prompt cannot be used."""
+        settings, eviction = self.settings, self.eviction
+        for name, value in state.settings.items():
+            if name == "eviction":
+                eviction = eviction_policy(value)
+            else:
+                settings = settings.with_value(name, value)
+        chat_format = ChatFormat(self.tokenizer, system_prompt=state.system_prompt)
+        feeds = chat_format.conversation_ids(state.messages)
         self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
-        return self._resume(saved.messages, feeds, state)
+        return self._restored(state, feeds, not_exact)
 
-    def save_state(self, path: Path, key: StateKey) -> int | None:
-        """Write the whole state to `path` (beside a session file: cache_file.state_path); its size in bytes.
-
-        None, and nothing written, when no whole conversation is in the cache (a turn torn off half way).
-        """
-        if len(self.transcript) % 2 or not self._settled or not self.token_loop.is_whole():
-            return None
-        return write_session_state(self, path, key)
-
-    def _resume(
-        self, messages: list[Message], feeds: list[list[int]], state: SavedState | str | None
-    ) -> Iterator[Event]:
-        """Restore a saved state; or say why not (`state` is the reason), and replay the conversation."""
-        if isinstance(state, SavedState):
+    def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> Iterator[Event]:
+        if state.tensors is not None:
             self.reset()
             self._settled = False
             try:
-                restore_session_tensors(self, state.tensors, state.seed)
+                mirror, self.sampler = restore_tensors(self.cache, state.tensors, self.device)
             except CacheStateError as error:
-                state = str(error)
+                not_exact = str(error)
             else:
-                self.transcript = [{"role": m["role"], "content": m["content"]} for m in messages]
+                self.token_loop.mirror = mirror
+                self.transcript = [{"role": m["role"], "content": m["content"]} for m in state.messages]
                 self._settled = True
                 yield CacheOccupancy(self.cache_stats(), 0.0)
-                yield Resumed(messages=len(messages), tokens=self.cache_stats().used)
+                yield Resumed(messages=len(state.messages), tokens=self.cache_stats().used)
                 return
-        if state is not None:
-            yield NotResumed(state)
-        yield from self._replay(messages, feeds)
+        if not_exact is not None:
+            yield NotResumed(not_exact)
+        yield from self._replay(state.messages, feeds)
 
     def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
         """Feed the sinks and the end of the conversation; the middle would only be evicted again."""

@@ -37,6 +37,7 @@ reason, templates whose turns cannot be cut this way.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -262,8 +263,8 @@ def stop_token_ids(
     return frozenset(stop_ids)
 
 
-def common_prefix_length(first: list[int], second: list[int]) -> int:
-    """How many first tokens two token lists share."""
+def common_prefix_length(first: Sequence[Any], second: Sequence[Any]) -> int:
+    """How many first items (tokens, messages) two sequences share."""
     length = 0
     for a, b in zip(first, second, strict=False):
         if a != b:

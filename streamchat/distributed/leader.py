@@ -10,16 +10,16 @@ ranks in different collectives.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 from typing import Any
 
 from streamchat.conversation.session import ChatSession
+from streamchat.conversation.state import ConversationState
 from streamchat.distributed.lockstep import EXIT, Lockstep, Request, lost_ranks_reported
 from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
 from streamchat.generation.events import Event
-from streamchat.storage.session_file import read_session
 
 # Why a conversation gone on with under --tp is replayed (shown as "not resumed exactly, replayed: ...").
 NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cache)"
@@ -68,13 +68,13 @@ class LeaderSession:
     def replay(self, messages: list[Any]) -> Iterator[Event]:
         return self._everywhere("replay", messages)
 
-    def load(self, path: Path, key: Any = None) -> Iterator[Event]:
-        """Read the file here (the other machines may not have it) and send what it holds; always replayed."""
-        return self._everywhere("load_saved", read_session(path), NOT_RESUMED)
+    def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
+        """Send the conversation's text to every rank; always replayed (each rank holds a shard of the cache)."""
+        return self._everywhere("restore", dataclasses.replace(state, tensors=None), NOT_RESUMED)
 
-    def save_state(self, path: Path, key: Any) -> int | None:
-        """No cache state under --tp: each rank holds a shard of the cache; --continue replays."""
-        return None
+    def snapshot(self, tensors: bool = True) -> ConversationState:
+        """The conversation without tensors: rank 0 holds only a shard of the cache; --continue replays."""
+        return self._session.snapshot(tensors=False)
 
     def close(self) -> None:
         """Tell the other ranks to exit: once, and only when they wait for a request (else they end on their own

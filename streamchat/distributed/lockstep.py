@@ -27,7 +27,7 @@ _PEER_FAILURE_WORDING = ("gloo", "nccl", "connection closed", "connection reset"
 
 # The ChatSession calls followers carry out (rank 0 sends nothing else).
 SESSION_CALLS = frozenset(
-    {"chat", "regenerate", "recover", "reset", "set_system_prompt", "set_option", "replay", "load_saved"}
+    {"chat", "regenerate", "recover", "reset", "set_system_prompt", "set_option", "replay", "restore"}
 )
 EXIT = "exit"
 

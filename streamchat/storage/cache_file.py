@@ -3,8 +3,8 @@
     sessions/20250101-120000-3fa2c1.jsonl               the journal (journal.py)
     sessions/20250101-120000-3fa2c1.cache.safetensors   its state, written at exit, on SIGHUP/SIGTERM, on /save
 
-A safetensors file: the tensors of session_state.py, and a header of strings that says
-what they are valid for (`StateKey`: the model, the exact weights, dtype, device,
+A safetensors file: a conversation's tensors (streamchat.conversation.state), and a
+header of strings that says what they are valid for (`StateKey`: the model, the exact weights, dtype, device,
 quantization, keep, window), which conversation they hold (a digest of its messages,
 system prompt and seed, and its message count), the seed drawn with, and the format.
 
@@ -12,29 +12,23 @@ A state is used only when all of it matches this run and the conversation read f
 the session file; otherwise `read_state` says why in one line, and the conversation is
 replayed. A state from before the conversation's last turn (streamchat killed without
 a chance to write it) holds another conversation, so its digest tells it apart whatever
-the files' times say. Written whole to a temporary file, synced and renamed: a kill
-leaves the previous state or the new one, never a torn file.
+the files' times say. Written durably (streamchat.storage.durable): a kill leaves the
+previous state or the new one, never a torn file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from contextlib import suppress
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from streamchat import __version__
+from streamchat.conversation.state import ConversationState, TensorState
 from streamchat.errors import SessionFileError
-from streamchat.storage.journal import sync_directory
+from streamchat.storage.durable import write_durably
 from streamchat.storage.session_file import SavedSession
-
-if TYPE_CHECKING:
-    import torch
 
 FORMAT = "streamchat-cache"
 VERSION = 1
@@ -68,14 +62,6 @@ _FIELD_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class SavedState:
-    """A state read from disk that fits this run and this conversation."""
-
-    tensors: dict[str, torch.Tensor]
-    seed: int  # the seed the sampler was drawing with
-
-
 def state_path(session_path: Path) -> Path:
     """Where the cache state of the session file at `session_path` lives: beside it, under the same name."""
     return session_path.with_suffix(SUFFIX)
@@ -87,42 +73,32 @@ def conversation_digest(messages: list[dict[str, str]], system_prompt: str | Non
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_state(
-    path: Path, tensors: dict[str, torch.Tensor], key: StateKey, conversation: str, messages: int, seed: int
-) -> int:
-    """Write a state atomically (temporary file, fsync, rename); its size in bytes. SessionFileError if it cannot."""
+def write_state(path: Path, state: ConversationState, key: StateKey) -> int:
+    """Write the tensors of `state` durably, for its conversation and `key`; the file's size in bytes.
+
+    SessionFileError when it cannot be written (or `state` carries no tensors).
+    """
     from safetensors.torch import save_file
 
+    if state.tensors is None:
+        raise SessionFileError("no cache state to save: the conversation was not taken between two turns")
     metadata = {
         "format": FORMAT,
         "version": str(VERSION),
         **key.metadata(),
-        "conversation": conversation,
-        "messages": str(messages),
-        "seed": str(seed),
+        "conversation": conversation_digest(state.messages, state.system_prompt, state.settings.get("seed", "random")),
+        "messages": str(len(state.messages)),
+        "seed": str(state.tensors.seed),
         "streamchat": __version__,
         "saved": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
-        os.close(handle)
-        try:
-            save_file(tensors, temporary, metadata)
-            with open(temporary, "rb") as written:
-                os.fsync(written.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(temporary)
-            raise
-        sync_directory(path.parent)
-        return path.stat().st_size
+        return write_durably(path, lambda temporary: save_file(state.tensors.tensors, temporary, metadata))
     except OSError as error:
         raise SessionFileError(f"cannot save the cache state to {path}: {error.strerror or error}") from error
 
 
-def read_state(path: Path, key: StateKey, saved: SavedSession) -> SavedState | str:
+def read_state(path: Path, key: StateKey, saved: SavedSession) -> TensorState | str:
     """The state at `path` when it fits `key` and the conversation `saved`, else why not (one line)."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
@@ -138,7 +114,7 @@ def read_state(path: Path, key: StateKey, saved: SavedSession) -> SavedState | s
     if problem is not None:
         return problem
     try:
-        return SavedState(load_file(str(path)), int(metadata["seed"]))
+        return TensorState(load_file(str(path)), int(metadata["seed"]))
     except (OSError, SafetensorError, ValueError, KeyError) as error:
         return f"its cache state cannot be read ({error})"
 

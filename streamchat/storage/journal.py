@@ -15,9 +15,10 @@ line cut short, which reading ignores (streamchat.storage.session_file reads jou
 So a crash loses at most the reply being generated. The file appears with the first
 message; settings and system prompt changes made before it go into its first records.
 
-The journal mirrors the session: `record(session)` appends whatever changed since the
-last call (new messages, a conversation that went back, settings, the system prompt),
-so it follows every way the engine changes a conversation without the engine knowing.
+The journal follows a conversation's values: `record(session.snapshot(tensors=False))`
+appends whatever changed since the last call (new messages, a conversation that went
+back, settings, the system prompt), so it follows every way the engine changes a
+conversation without the engine knowing, and without knowing the engine.
 A file being written is locked, so that two streamchats never append to the same one.
 """
 
@@ -29,15 +30,15 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streamchat import __version__
+from streamchat.conversation.state import ConversationState
+from streamchat.conversation.template import common_prefix_length
 from streamchat.errors import SessionFileError
+from streamchat.generation.events import StopReason
+from streamchat.storage.durable import sync_directory
 from streamchat.storage.session_file import FORMAT, JOURNAL_VERSION, SavedSession
-
-if TYPE_CHECKING:
-    from streamchat.conversation.session import ChatSession
-    from streamchat.generation.events import StopReason
 
 try:
     import fcntl
@@ -72,14 +73,15 @@ class Journal:
 
     # ---- following the session ---------------------------------------------------------------
 
-    def record(self, session: ChatSession, stop_reason: StopReason | None = None) -> None:
-        """Append what changed in `session` since the last call; `stop_reason` goes with a new last reply."""
-        self._record(session.transcript, dict(session.options()), session.system_prompt, stop_reason)
+    def record(self, state: ConversationState, stop_reason: StopReason | None = None) -> None:
+        """Append what changed in the conversation since the last call; `stop_reason` goes with a new last reply."""
+        self._record(state.messages, state.settings, state.system_prompt, stop_reason)
 
-    def record_user(self, session: ChatSession, text: str) -> None:
-        """The user sent `text`: written before the reply starts, so that a crash cannot lose it."""
-        sent = [*session.transcript, {"role": "user", "content": text}]
-        self._record(sent, dict(session.options()), session.system_prompt, None)
+    def record_user(self, state: ConversationState, text: str) -> None:
+        """The user sent `text` to the conversation `state`: written before the reply starts, so that a crash
+        cannot lose it."""
+        sent = [*state.messages, {"role": "user", "content": text}]
+        self._record(sent, state.settings, state.system_prompt, None)
 
     def new_conversation(self) -> None:
         """The next message starts a new file (/reset)."""
@@ -132,7 +134,7 @@ class Journal:
             self.on_error(self.failure)
 
     def _append_messages(self, messages: list[Message], stop_reason: str | None) -> None:
-        kept = _common_prefix_length(self._messages, messages)
+        kept = common_prefix_length(self._messages, messages)
         if kept < len(self._messages):
             self._append({"type": "rewind", "messages": kept})
             del self._messages[kept:]
@@ -228,28 +230,5 @@ def _write_line(descriptor: int, record: dict[str, Any]) -> None:
     os.fsync(descriptor)
 
 
-def sync_directory(directory: Path) -> None:
-    """Make a file's creation or rename in `directory` durable (where the platform allows it)."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not possible on every platform (Windows); the file itself is synced
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _common_prefix_length(first: list[Message], second: list[Message]) -> int:
-    length = 0
-    for a, b in zip(first, second, strict=False):
-        if a["role"] != b["role"] or a["content"] != b["content"]:
-            break
-        length += 1
-    return length

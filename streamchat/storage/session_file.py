@@ -9,21 +9,22 @@ Two formats, both read by `read_session`:
   without its newline is a write that a kill cut short, and is ignored; record types
   this version does not know are skipped, so later versions can add their own.
 
-The cache itself is not saved: it is a function of the transcript (and far larger).
+Both hold a conversation's text half (streamchat.conversation.state); its tensors go in
+a cache state file beside the session file (streamchat.storage.cache_file).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
+from streamchat.conversation.state import ConversationState, TensorState
 from streamchat.errors import SessionFileError
+from streamchat.storage.durable import write_durably
 
 FORMAT = "streamchat-session"
 VERSION = 1  # the JSON document
@@ -41,27 +42,29 @@ class SavedSession:
     unanswered: str | None = None
     version: int = VERSION  # the format it was read from
 
+    def state(self, tensors: TensorState | None = None) -> ConversationState:
+        """The conversation saved, as a value to restore a session to (with `tensors`, exactly)."""
+        settings = {**self.settings, "eviction": self.eviction}
+        return ConversationState(list(self.messages), self.system_prompt, settings, tensors)
 
-def save_session(path: Path, saved: SavedSession) -> None:
-    """Write atomically: an existing file is replaced only by a complete new one."""
+
+def save_session(path: Path, state: ConversationState, model: str | None) -> None:
+    """Write `state` as a JSON document (version 1), less a last message still waiting for its reply."""
+    settings = {name: value for name, value in state.settings.items() if name != "eviction"}
     document = {
         "format": FORMAT,
         "version": VERSION,
         "streamchat": __version__,
-        "model": saved.model,
-        "system_prompt": saved.system_prompt,
-        "eviction": saved.eviction,
-        "settings": saved.settings,
-        "messages": saved.messages,
+        "model": model,
+        "system_prompt": state.system_prompt,
+        "eviction": state.settings.get("eviction", "token"),
+        "settings": settings,
+        "messages": state.answered,
     }
     path = path.expanduser()
+    text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(document, file, ensure_ascii=False, indent=2)
-            file.write("\n")
-        os.replace(temporary, path)
+        write_durably(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     except OSError as error:
         raise SessionFileError(f"cannot save the session to {path}: {error.strerror or error}") from error
 

@@ -1,12 +1,12 @@
 """ChatSession on a tiny random llama and an offline ChatML tokenizer: real forward passes, real cache."""
 
-import json
+import dataclasses
 
 import pytest
 import torch
 
 from streamchat.conversation.session import ChatSession, SessionOptions
-from streamchat.errors import ChatTemplateError, ConfigError, OutOfMemoryError, SessionFileError
+from streamchat.errors import ChatTemplateError, ConfigError, OutOfMemoryError
 from streamchat.generation.events import CacheOccupancy, Evicted, PromptTruncated, Replayed, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
@@ -268,23 +268,30 @@ def test_regenerate_without_a_reply_is_refused():
         list(make_session().regenerate())
 
 
-def test_save_and_load_replay_the_transcript(tmp_path):
+def test_a_snapshot_restored_without_tensors_replays_the_transcript():
     session = make_session(system_prompt="Be kind.")
     run(session.chat("Hello!"))
     session.set_option("temperature", "0.5")
-    path = tmp_path / "chat.json"
-    session.save(path, model_name="tiny")
-    document = json.loads(path.read_text())
-    assert document["messages"] == session.transcript and document["system_prompt"] == "Be kind."
-    assert document["settings"]["temperature"] == "0.5" and document["model"] == "tiny"
+    state = session.snapshot(tensors=False)
+    assert state.messages == session.transcript and state.system_prompt == "Be kind." and state.tensors is None
+    assert state.settings["temperature"] == "0.5" and state.settings["eviction"] == "token"
 
     restored = make_session()
-    events = run(restored.load(path))
+    events = run(restored.restore(state))
     assert events[-1] == Replayed(messages=2, tokens=restored.cache_stats().seen)
     assert restored.transcript == session.transcript
     assert restored.system_prompt == "Be kind." and restored.settings.temperature == 0.5
     assert restored.mirror.token_ids() == whole_render(byte_level_tokenizer(), session.transcript, "Be kind.")
     assert run(restored.chat("And now?"))[-1].stats.generated_tokens == 8
+
+
+def test_a_snapshot_is_a_value_the_session_does_not_change_later():
+    session = make_session()
+    run(session.chat("Hello!"))
+    state = session.snapshot()
+    run(session.chat("And now?"))
+    assert len(state.messages) == 2 and len(session.transcript) == 4
+    assert state.tensors.tensors["mirror.window"].shape[0] < session.cache_stats().window_used
 
 
 def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
@@ -301,29 +308,24 @@ def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
-def test_a_bad_session_file_changes_nothing(tmp_path):
+def test_a_state_with_a_bad_setting_changes_nothing():
     session = make_session()
     run(session.chat("Hello!"))
-    before = list(session.transcript)
-    path = tmp_path / "bad.json"
-    path.write_text('{"format": "streamchat-session", "version": 1, "messages": [{"role": "robot"}]}')
-    with pytest.raises(SessionFileError, match="message 1 needs a role"):
-        session.load(path)
-    with pytest.raises(SessionFileError, match="no saved session"):
-        session.load(tmp_path / "missing.json")
-    assert session.transcript == before
+    before = session.snapshot(tensors=False)
+    other = make_session(system_prompt="Be brief.").snapshot()
+    with pytest.raises(ConfigError, match="temperature"):
+        session.restore(dataclasses.replace(other, settings={"temperature": "hot"}))
+    assert session.snapshot(tensors=False) == before
 
 
-def test_a_system_prompt_the_template_refuses_changes_nothing(tmp_path):
+def test_a_system_prompt_the_template_refuses_changes_nothing():
     session = make_session(tokenizer=byte_level_tokenizer_with(NO_SYSTEM_TEMPLATE))
     run(session.chat("Hello!"))
     before, cached = list(session.transcript), session.mirror.token_ids()
     with pytest.raises(ChatTemplateError, match="may not accept a system prompt"):
         list(session.set_system_prompt("Be a pirate."))
-    path = tmp_path / "pirate.json"
-    make_session(system_prompt="Be a pirate.").save(path)
     with pytest.raises(ChatTemplateError):
-        session.load(path)
+        session.restore(make_session(system_prompt="Be a pirate.").snapshot())
     assert session.system_prompt is None and session.transcript == before
     assert session.mirror.token_ids() == cached
 

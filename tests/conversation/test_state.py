@@ -1,15 +1,15 @@
-"""Exact resume: a session stopped and resumed from its saved state replies as if it had never stopped."""
+"""A conversation as a value: a session restored from its snapshot replies as if it had never stopped."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from streamchat.conversation.session import ChatSession, SessionOptions
-from streamchat.conversation.state import session_tensors
+from streamchat.conversation.state import TensorState, restore_tensors
 from streamchat.errors import CacheStateError
 from streamchat.generation.events import NotResumed, Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
-from streamchat.storage.cache_file import StateKey, state_path
-from streamchat.storage.journal import Journal
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 
@@ -26,7 +26,6 @@ TURNS = [
     "Numbers: 1 2 3, what comes next?",
     "Thank you, goodbye.",
 ]
-KEY = StateKey("tiny", "weights", "float32", "cpu", "none", "system", WINDOW)
 
 
 def make_session(system_prompt="You are terse."):
@@ -34,79 +33,74 @@ def make_session(system_prompt="You are terse."):
     return ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
 
 
-def play(session, journal, turns):
+def play(session, turns):
     for text in turns:
-        journal.record_user(session, text)
-        finished = [event for event in session.chat(text) if isinstance(event, TurnFinished)][-1]
-        journal.record(session, finished.stats.stop_reason)
+        [event for event in session.chat(text) if isinstance(event, TurnFinished)]
 
 
-def journal_in(tmp_path):
-    return Journal(tmp_path / "sessions", "tiny", {"keep": "system", "window": WINDOW}, pytest.fail)
-
-
-def stopped_after_three(tmp_path):
-    """Session B: three turns, its state written as streamchat writes it at exit; the journal's path."""
-    session, journal = make_session(), journal_in(tmp_path)
-    play(session, journal, TURNS[:3])
+def stopped_after_three():
+    """Session B: three turns, then taken as a value (as streamchat takes it to write at exit)."""
+    session = make_session()
+    play(session, TURNS[:3])
     assert session.cache_stats().evicted > 0 and session.cache.ledger.position_offset > 0  # evicted, rebased
-    assert session.save_state(state_path(journal.path), KEY) > 0
-    journal.close()
-    return journal.path
+    state = session.snapshot()
+    assert state.tensors is not None
+    return state
 
 
-def test_six_turns_in_one_go_equal_three_then_a_resume_then_three(tmp_path):
-    uninterrupted, journal = make_session(), journal_in(tmp_path / "a")
-    play(uninterrupted, journal, TURNS)
+def test_six_turns_in_one_go_equal_three_then_a_restore_then_three():
+    uninterrupted = make_session()
+    play(uninterrupted, TURNS)
 
-    path = stopped_after_three(tmp_path / "b")
-    resumed, journal = make_session(), journal_in(tmp_path / "b")
-    events = list(resumed.load(path, KEY))
+    resumed = make_session()
+    events = list(resumed.restore(stopped_after_three()))
     assert events[-1] == Resumed(messages=6, tokens=resumed.cache_stats().used)
     assert not any(isinstance(event, Replayed) for event in events)
-    play(resumed, journal, TURNS[3:])
+    play(resumed, TURNS[3:])
 
     assert resumed.transcript == uninterrupted.transcript
     assert resumed.cache_view() == uninterrupted.cache_view()
     assert resumed.cache_stats() == uninterrupted.cache_stats()
-    for name, tensor in session_tensors(uninterrupted).items():
-        assert torch.equal(session_tensors(resumed)[name], tensor), name
+    expected, got = uninterrupted.snapshot().tensors, resumed.snapshot().tensors
+    assert expected.seed == got.seed and expected.tensors.keys() == got.tensors.keys()
+    for name, tensor in expected.tensors.items():
+        assert torch.equal(got.tensors[name], tensor), name
 
 
-def test_a_replay_instead_would_not_give_the_same_replies(tmp_path):
-    # What the exact resume buys: replayed, the cache and the draws differ, and so do the replies.
-    uninterrupted, journal = make_session(), journal_in(tmp_path / "a")
-    play(uninterrupted, journal, TURNS)
-    path = stopped_after_three(tmp_path / "b")
-    replayed, journal = make_session(), journal_in(tmp_path / "b")
-    assert isinstance(list(replayed.load(path))[-1], Replayed)
-    play(replayed, journal, TURNS[3:])
+def test_a_replay_instead_would_not_give_the_same_replies():
+    # What the exact restore buys: replayed, the cache and the draws differ, and so do the replies.
+    uninterrupted = make_session()
+    play(uninterrupted, TURNS)
+    replayed = make_session()
+    state = dataclasses.replace(stopped_after_three(), tensors=None)
+    assert isinstance(list(replayed.restore(state))[-1], Replayed)
+    play(replayed, TURNS[3:])
     assert replayed.transcript[:6] == uninterrupted.transcript[:6]
     assert replayed.transcript[6:] != uninterrupted.transcript[6:]
 
 
-def test_a_state_that_does_not_fit_says_why_and_replays(tmp_path):
-    path = stopped_after_three(tmp_path)
+def test_a_state_that_does_not_fit_says_why_and_replays():
+    state = stopped_after_three()
     other = make_session(system_prompt="You are terse.")
-    other.keep = 4  # a run with another --keep whose key says it all the same (a damaged file, say)
-    events = list(other.load(path, KEY))
+    other.keep = 4  # a session with another --keep given the state all the same (a damaged file, say)
+    events = list(other.restore(state))
     assert isinstance(events[0], NotResumed) and "the saved cache is 12 sinks + 48 window" in events[0].reason
     assert isinstance(events[-1], Replayed) and other.cache.sinks == 4
 
 
-def test_the_state_is_not_written_while_a_turn_or_a_replay_is_half_done(tmp_path):
-    path = tmp_path / "state.cache.safetensors"
+def test_no_tensors_are_taken_while_a_turn_or_a_replay_is_half_done():
     session = make_session()
     turn = session.chat("Hello there!")
     next(turn)
-    assert session.save_state(path, KEY) is None and not path.exists()
+    assert session.snapshot().tensors is None
     list(turn)
     replay = session.set_system_prompt("Be brief.")  # the cache still holds the old system prompt
-    assert session.save_state(path, KEY) is None
+    assert session.snapshot().tensors is None
     next(replay)
-    assert session.save_state(path, KEY) is None
+    assert session.snapshot().tensors is None
     list(replay)
-    assert session.save_state(path, KEY) > 0
+    assert session.snapshot().tensors is not None
+    assert session.snapshot(tensors=False).tensors is None
 
 
 def test_a_session_never_sampled_from_resumes_with_its_seed():
@@ -114,15 +108,14 @@ def test_a_session_never_sampled_from_resumes_with_its_seed():
     options = SessionOptions(settings=greedy)
     session = ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
     list(session.chat("Hi"))
-    assert "sampler.random_state" not in session_tensors(session)
+    assert "sampler.random_state" not in session.snapshot().tensors.tensors
 
 
 def test_tensors_that_do_not_match_the_cache_are_refused():
-    from streamchat.conversation.state import restore_session_tensors
-
     session = make_session()
     list(session.chat("Hello there!"))
-    tensors = session_tensors(session)
+    tensors = dict(session.snapshot().tensors.tensors)
     del tensors["mirror.window"]
+    other = make_session()
     with pytest.raises(CacheStateError, match=r"^the saved state does not fit this session \('mirror.window'\)$"):
-        restore_session_tensors(make_session(), tensors, 11)
+        restore_tensors(other.cache, TensorState(tensors, 11), other.device)

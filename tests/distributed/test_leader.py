@@ -1,5 +1,7 @@
 """Rank 0's LeaderSession: what it sends the other ranks, and when; with an in-process stand-in for the transport."""
 
+import dataclasses
+
 import pytest
 
 from streamchat.conversation.session import ChatSession, SessionOptions
@@ -8,7 +10,6 @@ from streamchat.distributed.lockstep import EXIT, Request
 from streamchat.errors import ConfigError, OutOfMemoryError, PeerLostError, RankLostError
 from streamchat.generation.events import NotResumed, Replayed, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
-from streamchat.storage.session_file import read_session
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 
@@ -59,15 +60,17 @@ def test_a_bad_setting_is_refused_before_any_rank_changes():
     assert wire.sent == []
 
 
-def test_load_sends_what_the_file_holds_and_writes_no_cache_state(tmp_path):
+def test_restore_sends_the_conversation_without_tensors_and_snapshots_carry_none():
     session, wire = leader()
     list(session.chat("Hello"))
-    saved = tmp_path / "kept.json"
-    session.save(saved)
-    assert session.save_state(tmp_path / "state", key=object()) is None  # each rank holds a shard
-    events = list(session.load(saved, key=object()))
-    assert wire.sent[-1] == Request("load_saved", (read_session(saved), NOT_RESUMED))
+    assert session.snapshot().tensors is None  # each rank holds a shard of the cache
+    exact = session._session.snapshot()
+    assert exact.tensors is not None
+    events = list(session.restore(exact))
+    text_only = dataclasses.replace(exact, tensors=None)
+    assert wire.sent[-1] == Request("restore", (text_only, NOT_RESUMED))
     assert NotResumed(NOT_RESUMED) in events and isinstance(events[-1], Replayed)
+    assert session.transcript == exact.messages
 
 
 def test_a_turn_abandoned_on_rank_0_is_stopped_and_finished_as_on_the_other_ranks():

@@ -8,15 +8,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from streamchat.conversation.state import TensorState
 from streamchat.errors import SessionFileError
-from streamchat.storage.cache_file import (
-    SavedState,
-    StateKey,
-    conversation_digest,
-    read_state,
-    state_path,
-    write_state,
-)
+from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
 from streamchat.storage.session_file import SavedSession
 
 KEY = StateKey("/models/tiny", "abc123", "float32", "cpu", "none", "system", 2000)
@@ -26,8 +20,7 @@ TENSORS = {"cache.ledger": torch.arange(10), "sampler.random_state": torch.zeros
 
 
 def write(path, key=KEY, saved=SAVED, tensors=TENSORS):
-    digest = conversation_digest(saved.messages, saved.system_prompt, saved.settings["seed"])
-    return write_state(path, tensors, key, digest, len(saved.messages), 7)
+    return write_state(path, saved.state(TensorState(tensors, 7)), key)
 
 
 def test_the_state_lives_beside_its_session_file(tmp_path):
@@ -41,7 +34,7 @@ def test_a_state_written_is_read_back_with_its_seed_and_says_what_it_is_for(tmp_
     size = write(path)
     assert size == path.stat().st_size
     state = read_state(path, KEY, SAVED)
-    assert isinstance(state, SavedState) and state.seed == 7
+    assert isinstance(state, TensorState) and state.seed == 7
     assert all(torch.equal(state.tensors[name], tensor) for name, tensor in TENSORS.items())
     with safe_open(str(path), framework="pt") as opened:
         metadata = opened.metadata()
@@ -88,7 +81,7 @@ def test_a_state_older_than_the_conversation_s_last_turn_is_not_used(tmp_path):
     )
     reseeded = dataclasses.replace(SAVED, settings={"seed": "8"})
     assert read_state(path, KEY, reseeded).startswith("its cache state holds another version")
-    assert isinstance(read_state(path, KEY, dataclasses.replace(SAVED, settings={"seed": "7"})), SavedState)
+    assert isinstance(read_state(path, KEY, dataclasses.replace(SAVED, settings={"seed": "7"})), TensorState)
 
 
 def test_a_missing_or_damaged_state_says_why(tmp_path):

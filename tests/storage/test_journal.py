@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
+from streamchat.conversation.state import ConversationState
 from streamchat.errors import SessionFileError
 from streamchat.storage.journal import Journal
-from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, list_sessions, read_session, save_session
+from streamchat.storage.session_file import JOURNAL_VERSION, list_sessions, read_session, save_session
 from tests.conversation.test_session import make_session, run
 
 
@@ -31,23 +32,23 @@ def journal(tmp_path):
 
 
 def chat(session, journal, text):
-    journal.record_user(session, text)
+    journal.record_user(session.snapshot(tensors=False), text)
     finished = run(session.chat(text))[-1]
-    journal.record(session, finished.stats.stop_reason)
+    journal.record(session.snapshot(tensors=False), finished.stats.stop_reason)
     return finished
 
 
 def test_nothing_is_written_before_the_first_message(journal):
     session = make_session()
-    journal.record(session)
+    journal.record(session.snapshot(tensors=False))
     session.set_option("temperature", "0.5")
-    journal.record(session)
+    journal.record(session.snapshot(tensors=False))
     assert journal.path is None and not journal.directory.exists()
 
 
 def test_a_message_is_on_disk_before_its_reply_and_the_reply_once_it_ends(journal):
     session = make_session(system_prompt="Be brief.")
-    journal.record_user(session, "Hello!")
+    journal.record_user(session.snapshot(tensors=False), "Hello!")
     header, written = records(journal.path)
     assert header["format"] == "streamchat-session" and header["version"] == JOURNAL_VERSION
     assert header["model"] == "tiny" and header["cache"] == {"sinks": 4, "window": 400}
@@ -58,7 +59,7 @@ def test_a_message_is_on_disk_before_its_reply_and_the_reply_once_it_ends(journa
     assert oct(journal.path.stat().st_mode & 0o777) == oct(0o600)
 
     finished = run(session.chat("Hello!"))[-1]
-    journal.record(session, finished.stats.stop_reason)
+    journal.record(session.snapshot(tensors=False), finished.stats.stop_reason)
     reply = records(journal.path)[1][-1]
     assert (reply["type"], reply["content"], reply["stop_reason"]) == ("reply", finished.reply, "max_new_tokens")
     saved = read_session(journal.path)
@@ -73,10 +74,10 @@ def test_settings_system_prompt_and_regenerated_replies_are_recorded_as_changes(
     session.set_option("top_k", "5")
     session.set_option("temperature", "1.5")
     run(session.regenerate())
-    journal.record(session, "max_new_tokens")
+    journal.record(session.snapshot(tensors=False), "max_new_tokens")
     session.set_option("eviction", "turn")
     run(session.set_system_prompt("Be kind."))
-    journal.record(session)
+    journal.record(session.snapshot(tensors=False))
     assert kinds(journal.path) == ["settings", "user", "reply", "settings", "rewind", "reply", "settings", "system"]
     changes = [record["values"] for record in records(journal.path)[1] if record["type"] == "settings"][1:]
     assert changes == [{"temperature": "1.5", "top_k": "5"}, {"eviction": "turn"}]
@@ -89,12 +90,12 @@ def test_settings_system_prompt_and_regenerated_replies_are_recorded_as_changes(
 def test_a_message_without_its_reply_is_kept_apart_and_loading_replays_the_rest(journal):
     session = make_session()
     chat(session, journal, "Hello!")
-    journal.record_user(session, "Are you there?")  # and the process dies here
+    journal.record_user(session.snapshot(tensors=False), "Are you there?")  # and the process dies here
     saved = read_session(journal.path)
     assert saved.unanswered == "Are you there?" and saved.messages == session.transcript
 
     restored = make_session()
-    run(restored.load(journal.path))
+    run(restored.restore(read_session(journal.path).state()))
     assert restored.transcript == session.transcript
 
 
@@ -173,16 +174,8 @@ def test_sessions_are_listed_newest_first_in_both_formats(journal, tmp_path):
     chat(session, journal, "The newest conversation")
     directory = journal.directory
     old = directory / "session-20240101-000000.json"
-    save_session(
-        old,
-        SavedSession(
-            [{"role": "user", "content": "Old one"}, {"role": "assistant", "content": "Hi"}],
-            None,
-            {},
-            "token",
-            "smollm2-135m",
-        ),
-    )
+    old_conversation = [{"role": "user", "content": "Old one"}, {"role": "assistant", "content": "Hi"}]
+    save_session(old, ConversationState(old_conversation, None), "smollm2-135m")
     os.utime(old, (1_700_000_000, 1_700_000_000))
     (directory / "broken.jsonl").write_text("not json\n")
     (directory / "notes.txt").write_text("ignored")

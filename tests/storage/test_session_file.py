@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from streamchat.conversation.state import ConversationState
 from streamchat.errors import SessionFileError
 from streamchat.storage.session_file import FORMAT, VERSION, SavedSession, read_session, save_session
 
@@ -22,9 +23,17 @@ def write(tmp_path, **fields):
 def test_a_saved_session_reads_back_the_same(tmp_path):
     saved = SavedSession(CONVERSATION, "Be kind.", {"temperature": "0.5"}, "turn", "smollm2-135m")
     path = tmp_path / "deep" / "session.json"
-    save_session(path, saved)
+    save_session(path, saved.state(), saved.model)
     assert read_session(path) == saved
     assert not [p for p in path.parent.iterdir() if p.name != "session.json"]  # no temporary left behind
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)  # conversations are private
+
+
+def test_a_last_message_still_waiting_for_its_reply_is_not_saved(tmp_path):
+    path = tmp_path / "session.json"
+    state = ConversationState([*CONVERSATION, {"role": "user", "content": "And?"}], None, {"eviction": "turn"})
+    save_session(path, state, None)
+    assert read_session(path) == SavedSession(CONVERSATION, None, {}, "turn", None)
 
 
 @pytest.mark.parametrize(
@@ -58,4 +67,4 @@ def test_saving_where_a_folder_cannot_be_made_is_a_domain_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SessionFileError, match="cannot save the session to"):
-        save_session(blocker / "session.json", SavedSession([], None, {}, "token", None))
+        save_session(blocker / "session.json", ConversationState([], None), None)
