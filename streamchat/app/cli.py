@@ -101,6 +101,8 @@ def run(
             "What the cache keeps forever (as attention sinks): system, every token through the end of the system "
             "turn, so the model never forgets its instructions; or N, the first N tokens (4 is the paper's). "
             f"\\[default: {defaults.KEEP}]",
+            "--keep",
+            "--sinks",
             panel=CACHE,
             metavar="[system|N]",
         ),

@@ -42,12 +42,16 @@ QuickOption = Annotated[
 ]
 
 
-def _size(help_text: str, default: object) -> Any:
+def _size(help_text: str, default: object, *names: str) -> Any:
     """An option that falls back to the full size (or the --quick one) when not given."""
-    return typer.Option(help=f"{help_text} \\[default: {default}]", show_default=False)
+    return typer.Option(*names, help=f"{help_text} \\[default: {default}]", show_default=False)
 
 
-SINKS_HELP = "Attention sinks kept forever."
+def _keep(default: int) -> Any:
+    """The first tokens the streaming cache keeps forever, spelled as `run --keep N`; --sinks is its earlier name."""
+    return _size("First tokens kept forever (attention sinks), as `run --keep N`.", default, "--keep", "--sinks")
+
+
 WINDOW_HELP = "Recent tokens kept in the rolling window."
 
 
@@ -63,15 +67,19 @@ def ppl(
         ),
     ] = None,
     tokens: Annotated[int | None, _size("Tokens of the text to score.", defaults.PPL_TOKENS)] = None,
-    sinks: Annotated[int | None, _size(SINKS_HELP, defaults.PPL_SINKS)] = None,
+    keep: Annotated[int | None, _keep(defaults.PPL_SINKS)] = None,
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.PPL_WINDOW)] = None,
     chunk: Annotated[
         int | None, _size("Tokens per forward pass for window, recompute and streaming.", defaults.PPL_CHUNK)
     ] = None,
     policies: Annotated[str | None, _size(f"Comma-separated, from {','.join(defaults.BENCH_POLICIES)}.", "all")] = None,
-    keep: Annotated[
+    longer_keep: Annotated[
         int | None,
-        _size("The keep policy's kept prefix (first tokens), in a cache of the same capacity.", defaults.PPL_KEEP),
+        _size(
+            "The keep policy's kept prefix (first tokens, a system turn's worth), in a cache as large as "
+            "--keep + --window. It was --keep here before; --keep now means streaming's kept tokens, as for `run`.",
+            defaults.PPL_KEEP,
+        ),
     ] = None,
     model: ModelOption = None,
     device: DeviceOption = None,
@@ -83,13 +91,16 @@ def ppl(
     """Perplexity of a long text under dense, window, recompute and streaming caches (the paper's Figure 3),
     and what a longer kept prefix (--keep system) costs at the same capacity.
 
-    Defaults: the paper's cache of 4 sinks + 1020 window tokens over 20,000 tokens; keep 60 + 964.
+    Defaults: the paper's cache, --keep 4 + --window 1020, over 20,000 tokens; the keep policy's 60 + 964.
+
+    --keep is the number of first tokens streaming keeps, as for `run` (--sinks, its earlier name, still works).
+    The keep policy's prefix, which --keep set here before, is --longer-keep.
     """
     from streamchat.bench import ppl as bench
     from streamchat.measure.memory import out_of_memory_errors
 
     with reported_errors():
-        given = {"tokens": tokens, "sinks": sinks, "window": window, "chunk": chunk, "keep": keep}
+        given = {"tokens": tokens, "sinks": keep, "window": window, "chunk": chunk, "longer_keep": longer_keep}
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         chosen = bench.parse_policies(policies)
         if "keep" in chosen:
@@ -134,7 +145,7 @@ RandomInitOption = Annotated[
 def speed(
     model: ModelOption = None,
     random_init: RandomInitOption = None,
-    sinks: Annotated[int | None, _size(SINKS_HELP, defaults.SINKS)] = None,
+    keep: Annotated[int | None, _keep(defaults.SINKS)] = None,
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
     checkpoints: Annotated[
         str | None,
@@ -173,7 +184,7 @@ def speed(
         raise typer.Exit(code)
 
     with reported_errors():
-        given = {"sinks": sinks, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}
+        given = {"sinks": keep, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
         with out_of_memory_errors("--window"):

@@ -4,8 +4,8 @@
 - window: the same cache size without sinks (SinkCache with sinks=0);
 - recompute: a sliding window recomputed from scratch for each chunk, the oracle;
 - streaming: sinks + window through the sink cache;
-- keep: what --keep system costs, a longer kept prefix (the first `keep` tokens, a system
-  turn's worth) through a cache of the same capacity as streaming's.
+- keep: what --keep system costs, a longer kept prefix (the first `longer_keep` tokens, a
+  system turn's worth) through a cache of the same capacity as streaming's.
 
 window, recompute and streaming read the text in the same chunks, so each of them
 predicts a token from the same number of tokens (see perplexity.py); dense is exact at
@@ -50,7 +50,7 @@ class PplSizes:
     """How much text, through which cache, in which chunks; and the spans the flatness check compares."""
 
     tokens: int
-    sinks: int
+    sinks: int  # --keep: the first tokens streaming keeps
     window: int
     chunk: int
     # Flatness: perplexity over the last `tail` tokens against `reference_span`, a span just
@@ -60,14 +60,14 @@ class PplSizes:
     # Tokens per point of the perplexity curve.
     bucket: int
     # The keep policy's kept prefix; its window is what is left of the capacity.
-    keep: int = defaults.PPL_KEEP
+    longer_keep: int = defaults.PPL_KEEP
 
     def __post_init__(self) -> None:
         require_at_least("--tokens", self.tokens, 2)
-        require_at_least("--sinks", self.sinks, 0)
+        require_at_least("--keep", self.sinks, 0)
         require_at_least("--window", self.window, SMALLEST_WINDOW)
         require_at_least("--chunk", self.chunk, 1)
-        require_at_least("--keep", self.keep, 0)
+        require_at_least("--longer-keep", self.longer_keep, 0)
         if self.chunk > self.window:
             raise ConfigError(f"--chunk {self.chunk}: a chunk must fit the window; use at most --window {self.window}")
 
@@ -78,7 +78,7 @@ class PplSizes:
     @property
     def keep_window(self) -> int:
         """The keep policy's window: the same capacity as streaming's."""
-        return self.capacity - self.keep
+        return self.capacity - self.longer_keep
 
 
 FULL = PplSizes(
@@ -90,15 +90,17 @@ FULL = PplSizes(
     tail=2000,
     bucket=256,
 )
-QUICK = PplSizes(tokens=384, sinks=4, window=60, chunk=16, reference_span=(128, 256), tail=128, bucket=32, keep=16)
+QUICK = PplSizes(
+    tokens=384, sinks=4, window=60, chunk=16, reference_span=(128, 256), tail=128, bucket=32, longer_keep=16
+)
 
 
 def require_keep_fits(sizes: PplSizes) -> None:
     """The keep policy's window must hold a chunk (checked only when that policy runs)."""
     if sizes.chunk > sizes.keep_window:
         raise ConfigError(
-            f"--keep {sizes.keep}: the {sizes.keep_window} tokens it leaves of the cache must hold a --chunk "
-            f"of {sizes.chunk}; keep at most {sizes.capacity - sizes.chunk}, or leave keep out of --policies"
+            f"--longer-keep {sizes.longer_keep}: the {sizes.keep_window} tokens it leaves of the cache must hold "
+            f"a --chunk of {sizes.chunk}; keep at most {sizes.capacity - sizes.chunk}, or leave keep out of --policies"
         )
 
 
@@ -161,7 +163,7 @@ def run_policy(model: Any, ids: torch.Tensor, policy: str, sizes: PplSizes, on_s
     elif policy == "recompute":
         nll = recompute_nll(model, ids, sizes.capacity, sizes.chunk, on_scored)
     elif policy == "keep":
-        nll = streaming_nll(model, ids, sizes.keep, sizes.keep_window, sizes.chunk, on_scored)
+        nll = streaming_nll(model, ids, sizes.longer_keep, sizes.keep_window, sizes.chunk, on_scored)
     else:
         nll = streaming_nll(model, ids, sizes.sinks, sizes.window, sizes.chunk, on_scored)
     return PolicyRun(policy, nll, time.perf_counter() - started)
@@ -311,7 +313,7 @@ def _cache_label(policy: str, sizes: PplSizes) -> str:
         "window": f"0+{sizes.capacity}",
         "recompute": f"{sizes.capacity}, recomputed",
         "streaming": f"{sizes.sinks}+{sizes.window}",
-        "keep": f"{sizes.keep}+{sizes.keep_window}",
+        "keep": f"{sizes.longer_keep}+{sizes.keep_window}",
     }[policy]
 
 

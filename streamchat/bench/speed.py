@@ -55,7 +55,7 @@ class SpeedSizes:
 
     def __post_init__(self) -> None:
         if self.sinks < 0 or self.window < 1:
-            raise ConfigError(f"--sinks {self.sinks} --window {self.window}: need sinks >= 0 and window >= 1")
+            raise ConfigError(f"--keep {self.sinks} --window {self.window}: need keep >= 0 and window >= 1")
         if self.steps < 1:
             raise ConfigError(f"--steps {self.steps}: must be at least 1")
         if not self.checkpoints or self.checkpoints[0] < 1 or list(self.checkpoints) != sorted(set(self.checkpoints)):

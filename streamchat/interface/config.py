@@ -128,8 +128,9 @@ class RunConfig:
                 _convert(name, value, f"{name}={value!r}")
 
 
-# Earlier names that still work, in the config file, the environment (STREAMCHAT_EVICT) and on the command line.
-_ALIASES = {"evict": "eviction"}
+# Earlier names that still work, in the config file, the environment (STREAMCHAT_EVICT, STREAMCHAT_SINKS) and on
+# the command line: `sinks = 4` kept the first 4 tokens, as `keep = 4` does.
+_ALIASES = {"evict": "eviction", "sinks": "keep"}
 
 
 def _option_name(name: str) -> str:
@@ -142,8 +143,6 @@ def _option_name(name: str) -> str:
 _CONVERTERS: dict[str, Converter] = {
     _option_name(option.name): option.metadata["convert"] for option in fields(RunConfig)
 }
-# Earlier names that no longer work, and what they are called now.
-_RENAMED = {"sinks": "keep"}
 
 
 def load_options(config: RunConfig) -> LoadOptions:
@@ -221,8 +220,6 @@ def _from_config_file(path: Path) -> list[Given]:
 
 
 def _suggestion(key: str) -> str:
-    if key.replace("-", "_") in _RENAMED:
-        return f" (it is called {_RENAMED[key.replace('-', '_')]!r} now)"
     close = difflib.get_close_matches(key.replace("-", "_"), _CONVERTERS, n=1)
     if not close:
         return f"; the keys are {', '.join(_CONVERTERS)}"

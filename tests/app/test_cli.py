@@ -1,4 +1,7 @@
-"""The real `streamchat` command, run as a user would: a separate process, its output and exit code."""
+"""The real `streamchat` command, run as a user would: a separate process, its output and exit code.
+
+What only parses options (old spellings, help text) runs in this process, through typer's CliRunner.
+"""
 
 import json
 import os
@@ -13,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from typer.testing import CliRunner
 
 from streamchat import __version__, defaults
 from streamchat.cache.architectures import supported_list
+from streamchat.cli import app
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir, convert_gguf
 from streamchat.placement.device import detect_accelerators
@@ -373,3 +378,37 @@ def test_sessions_lists_saved_conversations_newest_first_for_people_and_scripts(
     empty = streamchat("sessions", STREAMCHAT_DATA_DIR=str(tmp_path / "nothing"))
     assert (empty.returncode, empty.stdout) == (0, "")
     assert empty.stderr == f"no saved sessions in {tmp_path / 'nothing' / 'sessions'}\n"
+
+
+def invoke(*args: str, stdin: str | None = None):
+    """The command in this process, in a wide terminal."""
+    return CliRunner().invoke(app, list(args), input=stdin, env={"COLUMNS": "250"}, catch_exceptions=False)
+
+
+def kept_by_the_session(data_dir: Path) -> object:
+    """What the one session file under `data_dir` says its cache kept (--keep)."""
+    [journal] = (data_dir / "sessions").glob("*.jsonl")
+    return json.loads(journal.read_text().splitlines()[0])["cache"]["keep"]
+
+
+@pytest.mark.parametrize("spelling", ["--keep", "--sinks"])
+def test_run_keeps_the_first_tokens_asked_under_the_new_name_and_the_earlier_one(spelling: str, tiny_chat_model: Path):
+    args = ("run", "--model", str(tiny_chat_model), spelling, "5", "--max-new-tokens", "2", "--compile", "off")
+    result = invoke(*args, stdin="Hi\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("USER: Hi\n\nASSISTANT: ")
+    assert kept_by_the_session(Path(os.environ["STREAMCHAT_DATA_DIR"])) == 5
+
+
+def test_run_reads_the_earlier_name_sinks_with_the_rule_and_the_name_of_keep():
+    result = invoke("run", "--sinks", "all")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --keep all: must be 'system' (the system turn) or a whole number of first tokens >= 0"
+    )
+
+
+def test_run_help_names_keep_first_and_still_lists_sinks():
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    assert "--keep,--sinks" in result.output and "--eviction,--evict" in result.output

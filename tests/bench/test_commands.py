@@ -101,12 +101,44 @@ def test_speed_quick_on_a_random_preset_writes_the_table_the_csv_and_the_plot(tm
     assert (tmp_path / "speed.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_speed_runs_a_loaded_model_with_the_sizes_given(tiny_model_dir, tmp_path):
-    args = ("speed", "--model", str(tiny_model_dir), "--sinks", "2", "--window", "14", "--out", str(tmp_path))
+@pytest.mark.parametrize("spelling", ["--keep", "--sinks"])  # --sinks: the earlier name
+def test_speed_runs_a_loaded_model_with_the_sizes_given(spelling, tiny_model_dir, tmp_path):
+    args = ("speed", "--model", str(tiny_model_dir), spelling, "2", "--window", "14", "--out", str(tmp_path))
     result = invoke(*args, "--checkpoints", "8,40", "--steps", "1")
     assert result.exit_code == 0, result.output
+    assert "cache 2+14, median of 1 steps" in result.output
     _, rows = read_csv(tmp_path / "speed.csv")
     assert [(row["streamed"], row["fill"]) for row in rows] == [("8", "8"), ("40", "16")]
+
+
+@pytest.mark.parametrize("spelling", ["--keep", "--sinks"])  # --sinks: the earlier name
+def test_ppl_keep_is_the_first_tokens_streaming_keeps_and_longer_keep_the_keep_policys(
+    spelling, tiny_model_dir, text_file, tmp_path
+):
+    args = ("ppl", "--quick", "--text", str(text_file), "--model", str(tiny_model_dir), "--out", str(tmp_path))
+    result = invoke(*args, "--policies", "streaming,keep", "--tokens", "200", spelling, "20", "--longer-keep", "30")
+    assert result.exit_code == 0, result.output
+    assert "cache 20+60, chunk 16" in result.output
+    _, rows = read_csv(tmp_path / "ppl.csv")
+    assert [(row["policy"], row["cache"]) for row in rows] == [("streaming", "20+60"), ("keep", "30+50")]
+
+
+def test_ppl_keep_no_longer_sets_the_keep_policys_prefix(tiny_model_dir, text_file, tmp_path):
+    args = ("ppl", "--quick", "--text", str(text_file), "--model", str(tiny_model_dir), "--out", str(tmp_path))
+    result = invoke(*args, "--policies", "streaming,keep", "--tokens", "200", "--keep", "30")
+    assert result.exit_code == 0, result.output
+    _, rows = read_csv(tmp_path / "ppl.csv")
+    assert [(row["policy"], row["cache"]) for row in rows] == [("streaming", "30+60"), ("keep", "16+74")]
+
+
+def test_the_help_names_keep_first_and_explains_what_ppl_keep_means_now():
+    speed = invoke("speed", "--help")
+    assert speed.exit_code == 0 and "--keep,--sinks" in speed.output
+    ppl = invoke("ppl", "--help")
+    assert ppl.exit_code == 0 and "--keep,--sinks" in ppl.output and "--longer-keep" in ppl.output
+    words = " ".join(ppl.output.replace("│", " ").split())  # the help wraps at the terminal's width
+    assert "--keep is the number of first tokens streaming keeps, as for `run`" in words
+    assert "The keep policy's prefix, which --keep set here before, is --longer-keep." in words
 
 
 def test_without_matplotlib_the_plot_is_skipped_with_one_line(tmp_path, monkeypatch):

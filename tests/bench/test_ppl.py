@@ -27,11 +27,11 @@ def test_quick_and_full_sizes_take_the_options_given():
     ("overrides", "message"),
     [
         ({"tokens": 1}, "--tokens 1: must be at least 2"),
-        ({"sinks": -1}, "--sinks -1: must be at least 0"),
+        ({"sinks": -1}, "--keep -1: must be at least 0"),
         ({"window": 0, "chunk": 1}, "--window 0: must be at least 1"),
         ({"chunk": 0}, "--chunk 0: must be at least 1"),
         ({"chunk": 2000}, "--chunk 2000: a chunk must fit the window"),
-        ({"keep": -1}, "--keep -1: must be at least 0"),
+        ({"longer_keep": -1}, "--longer-keep -1: must be at least 0"),
     ],
 )
 def test_impossible_sizes_are_refused_naming_the_option(overrides, message):
@@ -41,8 +41,10 @@ def test_impossible_sizes_are_refused_naming_the_option(overrides, message):
 
 def test_a_kept_prefix_must_leave_room_for_a_chunk_when_the_keep_policy_runs():
     ppl.require_keep_fits(ppl.FULL)
-    too_long = sizes_for(False, ppl.FULL, ppl.QUICK, keep=1000)
-    message = r"^--keep 1000: the 24 tokens it leaves of the cache must hold a --chunk of 64; keep at most 960, or"
+    too_long = sizes_for(False, ppl.FULL, ppl.QUICK, longer_keep=1000)
+    message = (
+        r"^--longer-keep 1000: the 24 tokens it leaves of the cache must hold a --chunk of 64; keep at most 960, or"
+    )
     with pytest.raises(ConfigError, match=message):
         ppl.require_keep_fits(too_long)
 

@@ -26,7 +26,7 @@ def test_sizes_and_checkpoints_are_validated_with_the_option_named():
             sizes_for(True, speed.FULL, speed.QUICK, checkpoints=checkpoints)
     with pytest.raises(ConfigError, match="--steps 0: must be at least 1"):
         sizes_for(True, speed.FULL, speed.QUICK, steps=0)
-    with pytest.raises(ConfigError, match="need sinks >= 0 and window >= 1"):
+    with pytest.raises(ConfigError, match=r"^--keep 4 --window 0: need keep >= 0 and window >= 1$"):
         sizes_for(True, speed.FULL, speed.QUICK, window=0)
 
 

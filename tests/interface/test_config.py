@@ -289,7 +289,7 @@ def test_an_unknown_command_line_key_is_a_bug_in_the_caller() -> None:
         ("max-new-token = 100\n", "unknown key 'max-new-token' (did you mean 'max-new-tokens'?)"),
         ("window = 'big'\n", "window = 'big': not an integer"),
         ("keep = true\n", "keep = True: must be 'system' (the system turn) or a whole number of first tokens >= 0"),
-        ("sinks = 4\n", "unknown key 'sinks' (it is called 'keep' now)"),
+        ("sinks = -1\n", "sinks = -1: must be 'system' (the system turn) or a whole number of first tokens >= 0"),
         ("markdown = 'maybe'\n", "markdown = 'maybe': not a boolean (use 1/true/yes/on or 0/false/no/off)"),
         ("model = 7\n", "model = 7: not a string"),
         ("temperature = -0.5\n", "temperature = -0.5: must be >= 0"),
@@ -359,3 +359,14 @@ def test_the_old_name_evict_still_works_everywhere_and_the_new_one_wins(tmp_path
     )
     assert resolve_run_config({}, {}, config_file(tmp_path, "evict = 'turn'\n")).eviction == "turn"
     assert error_of({"eviction": "oldest"}, {}) == "--eviction oldest: must be one of token, turn"
+
+
+def test_the_old_name_sinks_still_works_everywhere_means_keep_and_the_new_one_wins(tmp_path: Path) -> None:
+    assert resolve_run_config({"sinks": 4}, {}, None).keep == 4
+    assert resolve_run_config({}, {"STREAMCHAT_SINKS": "4"}, None).keep == 4
+    assert resolve_run_config({}, {"STREAMCHAT_SINKS": "4", "STREAMCHAT_KEEP": "system"}, None).keep == "system"
+    assert resolve_run_config({}, {}, config_file(tmp_path, "sinks = 4\n")).keep == 4
+    assert resolve_run_config({"keep": "6"}, {"STREAMCHAT_SINKS": "4"}, config_file(tmp_path, "sinks = 2\n")).keep == 6
+    assert error_of({}, {"STREAMCHAT_SINKS": "all"}) == (
+        "STREAMCHAT_SINKS='all': must be 'system' (the system turn) or a whole number of first tokens >= 0"
+    )
