@@ -1,10 +1,14 @@
-"""A tiny chat model saved as a real model directory, for driving the installed `streamchat` command."""
+"""Tiny chat models: saved as real model directories, for driving the installed `streamchat` command,
+or in memory (the scripted one), for driving the chat in-process."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from tests.support.models import tiny_model
 from tests.support.tokenizers import CHATML_TEMPLATE, _wrap_byte_level, byte_level_tokenizer
@@ -57,14 +61,16 @@ HOSTILE_REPLY_PIECES = (
 )
 
 
-def save_scripted_chat_model(directory: Path, pieces: tuple[str, ...] = HOSTILE_REPLY_PIECES) -> Path:
-    """A tiny llama whose greedy reply to any message is `pieces` joined, then the end of turn.
+def scripted_model_and_tokenizer(pieces: tuple[str, ...] = HOSTILE_REPLY_PIECES) -> tuple[Any, PreTrainedTokenizerFast]:
+    """A tiny llama and its tokenizer, in memory, whose greedy reply to any message is `pieces` joined,
+    then the end of turn (which ends the reply: stop reason "eos").
 
     Each piece is a token of its own (added to the ChatML tokenizer), and the model maps
     the last token it sees to the next one of the script: embeddings put each script token
     on its own axis, attention and MLP outputs are zero so the residual stream stays that
     axis, and the output head points each axis at the following token. The script starts
-    after the newline that ends every prompt, and ends with <|im_end|>.
+    after the newline that ends every prompt, and ends with <|im_end|>. A piece may not hold
+    a newline (the newline starts the script), and pieces must be distinct tokens.
     """
     tokenizer = _wrap_byte_level(CHATML_TEMPLATE)
     tokenizer.add_tokens(list(pieces))
@@ -73,19 +79,26 @@ def save_scripted_chat_model(directory: Path, pieces: tuple[str, ...] = HOSTILE_
     if len(set(chain)) != len(chain):
         raise ValueError("each piece of the script must be a distinct token")
     following = [*chain[1:], tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    model = tiny_model("llama", vocab_size=VOCAB)
-    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB))  # the cached one is shared: left as it is
     hidden = model.config.hidden_size
-    state["model.embed_tokens.weight"].zero_()
-    state["lm_head.weight"].zero_()
-    for axis, (token, next_token) in enumerate(zip(chain, following, strict=True)):
-        state["model.embed_tokens.weight"][token, axis] = 1.0
-        state["lm_head.weight"][next_token, axis] = 10.0
-    for name, tensor in state.items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            tensor.zero_()
     if len(chain) > hidden:
         raise ValueError(f"a script of {len(chain)} tokens needs a hidden size of at least that")
-    model.save_pretrained(directory, state_dict=state)
+    state = model.state_dict()
+    with torch.no_grad():
+        state["model.embed_tokens.weight"].zero_()
+        state["lm_head.weight"].zero_()
+        for axis, (token, next_token) in enumerate(zip(chain, following, strict=True)):
+            state["model.embed_tokens.weight"][token, axis] = 1.0
+            state["lm_head.weight"][next_token, axis] = 10.0
+        for name, tensor in state.items():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                tensor.zero_()
+    return model, tokenizer
+
+
+def save_scripted_chat_model(directory: Path, pieces: tuple[str, ...] = HOSTILE_REPLY_PIECES) -> Path:
+    """scripted_model_and_tokenizer(pieces), saved as a model directory that `streamchat run --model` loads."""
+    model, tokenizer = scripted_model_and_tokenizer(pieces)
+    model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
