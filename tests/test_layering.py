@@ -57,10 +57,13 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from streamchat import defaults` imports the module streamchat.defaults (`__version__` is no module).
-            names = (f"{node.module}.{alias.name}" for alias in node.names if node.module == "streamchat")
-            found.update(name for name in names if name in MODULES)
-            found.add(node.module)
+            # `from streamchat.cache import masks` imports the module streamchat.cache.masks; a name that is
+            # no module (`from streamchat import __version__`) comes from the package itself.
+            names = {f"{node.module}.{alias.name}" for alias in node.names}
+            modules = names & MODULES.keys()
+            found.update(modules)
+            if len(modules) < len(names) or not node.module.startswith("streamchat"):
+                found.add(node.module)
     return found
 
 
@@ -99,5 +102,47 @@ def test_the_cache_imports_only_torch_transformers_and_errors(name: str) -> None
 def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     module = tmp_path / "probe.py"
     module.write_text("def later():\n    from streamchat.app.chat import ChatLoop\nfrom streamchat import defaults\n")
-    assert imports_of(module) == {"streamchat.app.chat", "streamchat", "streamchat.defaults"}
+    assert imports_of(module) == {"streamchat.app.chat", "streamchat.defaults"}
     assert floor_of(part_of("streamchat.app.chat")) > floor_of(part_of("streamchat.conversation.session"))
+
+
+def test_no_module_of_streamchat_takes_part_in_an_import_cycle():
+    """Through any import at all, TYPE_CHECKING and lazy ones included: a module reaches itself again never."""
+    graph = {
+        name: {imported for imported in imports_of(path) if imported in MODULES and imported != name}
+        for name, path in MODULES.items()
+    }
+    # A package's __init__ re-exports its modules: importing it is no arrow back to them.
+    cycles = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for target in sorted(graph[node]):
+                if target == start:
+                    cycles.append(" -> ".join([*trail, start]))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*trail, target]))
+    assert cycles == []
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    crowded = {
+        folder.name: count
+        for folder in PACKAGE.iterdir()
+        if folder.is_dir() and (count := len(list(folder.glob("*.py")))) > 12
+    }
+    assert crowded == {}
+
+
+# What touching a file takes: a conversation hands its values to streamchat.storage instead.
+FILE_MODULES = {"os", "io", "pathlib", "tempfile", "shutil", "safetensors", "fcntl", "streamchat.storage"}
+
+
+@pytest.mark.parametrize("name", sorted(name for name in MODULES if part_of(name) == "conversation"))
+def test_the_conversation_does_no_file_io(name: str) -> None:
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    opens = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "open"]
+    touching = {imported for imported in imports_of(MODULES[name]) if imported.startswith(tuple(FILE_MODULES))}
+    assert (opens, touching) == ([], set())
