@@ -18,10 +18,13 @@ def keys_held() -> Iterator[None]:
     """Within the block, keys typed at the terminal are neither echoed nor limited; no-op off a terminal."""
     try:
         import termios
-
+    except ImportError:  # not POSIX
+        yield
+        return
+    try:
         descriptor = sys.stdin.fileno()
         saved = termios.tcgetattr(descriptor)
-    except (ImportError, OSError, ValueError):  # not a terminal, or not POSIX
+    except (OSError, ValueError, termios.error):  # not a terminal (termios.error is no OSError)
         yield
         return
     held = list(saved)

@@ -129,7 +129,8 @@ class Journal:
             self._append_messages(messages, stop_reason)
         except (OSError, SessionFileError) as error:
             reason = str(error) if isinstance(error, SessionFileError) else error.strerror or str(error)
-            self.failure = f"cannot write the session file {self.path}: {reason}; the conversation is not being saved"
+            where = self.path if self.path is not None else f"in {self.directory}"  # no name before it is created
+            self.failure = f"cannot write the session file {where}: {reason}; the conversation is not being saved"
             self.close()
             self.on_error(self.failure)
 

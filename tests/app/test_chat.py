@@ -491,7 +491,7 @@ def test_a_session_file_that_cannot_be_written_is_said_once_and_the_chat_goes_on
     error, *lines = result.screen.split("\n")
     failure = error.removeprefix("error: ")
     # The wording of the reason is the operating system's.
-    assert failure.startswith("cannot write the session file ")
+    assert failure.startswith(f"cannot write the session file in {tmp_path / 'sessions'}: ")
     assert failure.endswith("; the conversation is not being saved")
     assert lines == [
         REPLY,
