@@ -1,0 +1,1 @@
+"""What the benchmarks measure with: models of known shapes, decode policies, perplexity, memory, reports."""
