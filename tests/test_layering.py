@@ -146,3 +146,9 @@ def test_the_conversation_does_no_file_io(name: str) -> None:
     opens = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "open"]
     touching = {imported for imported in imports_of(MODULES[name]) if imported.startswith(tuple(FILE_MODULES))}
     assert (opens, touching) == ([], set())
+
+
+def test_every_folder_is_a_package():
+    # A folder without __init__.py is a namespace package, which a non-editable install leaves out.
+    folders = {path.parent.name for path in PACKAGE.rglob("*.py")} - {PACKAGE.name}
+    assert {folder for folder in folders if not (PACKAGE / folder / "__init__.py").is_file()} == set()
