@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from streamchat import defaults
-from streamchat.app.launch import data_dir, load, run_chat
+from streamchat.app.launch import load, run_chat
 from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
 from streamchat.interface.config import config_file_location, load_options, load_run_config
@@ -35,6 +35,7 @@ from streamchat.interface.options import (
 )
 from streamchat.interface.reporting import reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
+from streamchat.interface.sessions import data_dir
 from streamchat.interface.tables import print_table
 from streamchat.interface.transcript import OUTPUT_FORMATS, TRANSCRIPT_FORMATS, TURN_SPLITS
 from streamchat.loading.catalog import model_catalog

@@ -7,28 +7,26 @@ to stdout. Piped stdin never reaches prompt_toolkit.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import platformdirs
 from rich.console import Console
 from rich.text import Text
 
-from streamchat import __version__, defaults
-from streamchat.app.resuming import save_state, session_to_resume, state_key
+from streamchat import __version__
+from streamchat.app.resuming import save_state, session_to_resume
 from streamchat.app.typeahead import keys_held
 from streamchat.errors import StreamchatError
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.display import ChatDisplay
 from streamchat.interface.reporting import notify, reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
+from streamchat.interface.sessions import data_dir, session_for, state_key
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 
@@ -36,19 +34,8 @@ if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
     from streamchat.conversation.session import ChatSession
-    from streamchat.generation.decoder import StepChannel
     from streamchat.storage.cache_file import StateKey
     from streamchat.storage.journal import Journal
-
-
-def data_dir() -> Path:
-    """Prompt history and saved sessions: $STREAMCHAT_DATA_DIR, else the user data dir."""
-    configured = os.environ.get(defaults.DATA_DIR_ENV)
-    return (
-        Path(configured).expanduser()
-        if configured
-        else Path(platformdirs.user_data_dir(defaults.APP_NAME, appauthor=False))
-    )
 
 
 # Builds the session a run drives from the model loaded, and what its cache states are valid for
@@ -185,32 +172,6 @@ def _garbage_collection_paused() -> Iterator[None]:
 
 def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSession, StateKey]:
     return session_for(config, loaded), state_key(config, loaded)
-
-
-def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | None = None) -> ChatSession:
-    """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
-    from streamchat.conversation.session import ChatSession, SessionOptions
-    from streamchat.generation.decoder import compile_backend
-    from streamchat.generation.settings import GenerationSettings
-
-    settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
-    given = {option.name: getattr(config, option.name) for option in dataclasses.fields(GenerationSettings)}
-    overrides = {name: value for name, value in given.items() if value is not None}
-    options = SessionOptions(
-        keep=config.keep,
-        window=config.window,
-        eviction=config.eviction,
-        read_all=config.read_all,
-        system_prompt=config.system,
-        settings=dataclasses.replace(settings, **overrides),
-        compile_backend=compile_backend(config.compile, loaded.device),
-        channel=channel,
-    )
-    if options.compile_backend is not None:
-        from streamchat.loading.conversion import use_compile_cache
-
-        use_compile_cache()
-    return ChatSession(loaded.model, loaded.tokenizer, options)
 
 
 def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:

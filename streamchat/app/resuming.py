@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from streamchat.conversation.state import TensorState
 from streamchat.errors import ConfigError
-from streamchat.loading.identity import quantization_of, weights_fingerprint
 from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
     from streamchat.conversation.session import ChatSession
     from streamchat.generation.events import Event
     from streamchat.interface.config import RunConfig
-    from streamchat.loading import LoadedModel
 
 
 def session_to_resume(config: RunConfig, sessions: Path) -> Path | None:
@@ -48,19 +46,6 @@ def session_to_resume(config: RunConfig, sessions: Path) -> Path | None:
         journals = [path for path in sessions.glob(f"*{SUFFIX}") if path.is_file()] if sessions.is_dir() else []
         return max(journals, key=lambda path: path.stat().st_mtime, default=None)
     return None
-
-
-def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
-    """What a cache state saved by this run is valid for."""
-    return StateKey(
-        model=loaded.source.location,
-        weights=weights_fingerprint(loaded.directory, loaded.model),
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        device=loaded.device.type,
-        quantization=quantization_of(loaded.model),
-        keep=str(config.keep),
-        window=config.window,
-    )
 
 
 def load_session(

@@ -98,10 +98,11 @@ def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], Loade
 
 
 def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
-    from streamchat.app.launch import run_chat, session_for
+    from streamchat.app.launch import run_chat
     from streamchat.distributed.follower import follow
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
+    from streamchat.interface.sessions import session_for
 
     lockstep = Lockstep(group)
     config = _shared_config(config, lockstep)

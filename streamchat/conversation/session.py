@@ -32,8 +32,9 @@ from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
 from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import SessionOptions, eviction_policy
-from streamchat.conversation.state import ConversationState, restore_tensors, tensors_of
+from streamchat.conversation.state import ConversationState
 from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
+from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.events import (

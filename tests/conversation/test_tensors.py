@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from streamchat.conversation.session import ChatSession, SessionOptions
-from streamchat.conversation.state import TensorState, restore_tensors
+from streamchat.conversation.state import TensorState
+from streamchat.conversation.tensors import restore_tensors
 from streamchat.errors import CacheStateError
 from streamchat.generation.events import NotResumed, Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
