@@ -31,6 +31,7 @@ from streamchat.interface.reporting import notify, reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
+from streamchat.placement.quantization import precision_label
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
@@ -214,11 +215,9 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
 
 
 def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:
-    dtype = str(loaded.dtype).removeprefix("torch.")
-    if loaded.quantization != "none":
-        dtype += f" {loaded.quantization}"
+    precision = precision_label(loaded.dtype, loaded.quantization)
     return (
-        f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
+        f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {precision} · "
         f"cache {session.cache.sinks} sinks (--keep {config.keep}) + {config.window:,} window · "
         "/help for commands, Ctrl-D to leave"
     )
