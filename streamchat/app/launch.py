@@ -29,6 +29,7 @@ from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir, session_for, state_key
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
+from streamchat.placement.quantization import precision_label
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
@@ -175,11 +176,9 @@ def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSessio
 
 
 def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:
-    dtype = str(loaded.dtype).removeprefix("torch.")
-    if loaded.quantization != "none":
-        dtype += f" {loaded.quantization}"
+    precision = precision_label(loaded.dtype, loaded.quantization)
     return (
-        f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {dtype} · "
+        f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {precision} · "
         f"cache {session.cache.sinks} sinks (--keep {config.keep}) + {config.window:,} window · "
         "/help for commands, Ctrl-D to leave"
     )

@@ -23,6 +23,7 @@ from streamchat.interface.options import DeviceOption, DtypeOption, ModelOption,
 from streamchat.interface.reporting import notify, reported_errors, stderr
 from streamchat.measure.report import print_report, save_results
 from streamchat.measure.sizes import sizes_for
+from streamchat.placement.quantization import precision_label
 
 if TYPE_CHECKING:
     from streamchat.loading import LoadedModel
@@ -192,11 +193,8 @@ def speed(
             measurements, memory_kind = bench.run_speed(
                 chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
             )
-        dtype_name = str(chosen.dtype).removeprefix("torch.")
-        if chosen.quantization != "none":
-            dtype_name += f" {chosen.quantization}"
         title = (
-            f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({dtype_name}), "
+            f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({_precision(chosen)}), "
             f"cache {sizes.sinks}+{sizes.window}, median of {sizes.steps} steps"
         )
         columns, rows = bench.columns(), bench.rows(measurements)
@@ -413,9 +411,7 @@ def _load(config: RunConfig) -> LoadedModel:
 
 
 def _precision(loaded: LoadedModel | BenchModel) -> str:
-    """ "bfloat16 int4", "float32": the dtype, and the weight quantization if any."""
-    dtype = str(loaded.dtype).removeprefix("torch.")
-    return dtype if loaded.quantization == "none" else f"{dtype} {loaded.quantization}"
+    return precision_label(loaded.dtype, loaded.quantization)
 
 
 def _bench_model(config: RunConfig, random_init: str | None) -> BenchModel:

@@ -1,7 +1,7 @@
 """The token loop: draw a token on the device, feed it back, read it on the host, one step ahead.
 
     decoder = Decoder(model, cache)                # or compile_backend="inductor"
-    decoder.start(logits, settings, sampler)      # the logits after the prompt
+    decoder.start(logits, settings, sampler)      # the logits after the prompt; the draw composed
     while ...:
         token = decoder.next()                    # drawn and already fed; its step's eviction
         if it ends the reply without belonging in the cache:
@@ -36,7 +36,7 @@ from streamchat.cache import SinkCache, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
-from streamchat.generation.sampling import Draw, Sampler, penalize_held
+from streamchat.generation.sampling import Draw, Sampler, TokenDraw, make_draw, penalize_held
 from streamchat.generation.settings import GenerationSettings
 
 
@@ -98,7 +98,7 @@ class Decoder:
         self._row: torch.Tensor | None = None  # the logits the next token is drawn from [vocab]
         self._previous_row: torch.Tensor | None = None
         self._settings = GenerationSettings()
-        self._sampler = Sampler(0)
+        self._draw: TokenDraw | None = None  # composed for the reply's settings by start()
         self._checkpoint: Checkpoint | None = None
 
     @property
@@ -107,8 +107,12 @@ class Decoder:
         return self.compiled and self.compile_seconds is None and self.cache.ledger.sinks_full
 
     def start(self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler) -> None:
-        """Decode from `logits` [1, n, vocab] (the last position's count) with these settings."""
-        self._row, self._settings, self._sampler = self._last_row(logits), settings, sampler
+        """Decode from `logits` [1, n, vocab] (the last position's count) with these settings.
+
+        The draw is composed here, once per reply; its uniform numbers come from `sampler`.
+        """
+        self._row, self._settings = self._last_row(logits), settings
+        self._draw = make_draw(settings, sampler)
 
     def next(self, stop_requested: bool = False) -> Decoded | None:
         """Draw the next token, feed it, and read it back; None when the reply stops here instead.
@@ -120,35 +124,28 @@ class Decoder:
         if stop_requested:
             return None
         row = self._penalized(self._row)
-        drawn = self._sampler.draw(row, self._settings)
+        drawn = self._draw(row)
         self._reader.send(drawn)
         if not self._reader.asynchronous:
             # The host waits for the token anyway: settle the draw before feeding it.
-            token, settled = self._reader.receive()
-            if not settled:
-                drawn = self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False)
-                token = int(drawn.token.item())
-            return Decoded(token, self._feed(drawn.token))
+            settled = self._draw.settle(row, drawn, self._reader.receive())
+            return Decoded(settled.token, self._feed(settled.on_device))
         eviction = self._feed(drawn.token)  # queued before the token is read: the device keeps busy
-        token, settled = self._reader.receive()
-        if not settled:
-            # The shortlist could not decide: take the step back, draw over the whole vocabulary.
+        settled = self._draw.settle(row, drawn, self._reader.receive())
+        if settled.redrawn:
+            # The shortlist could not decide: take back the step that fed its guess, feed the redraw.
             self.take_back()
-            drawn = self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False)
-            token = int(drawn.token.item())
-            eviction = self._feed(drawn.token)
-        return Decoded(token, eviction)
+            eviction = self._feed(settled.on_device)
+        return Decoded(settled.token, eviction)
 
     def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
         """The leader draws (settled on the host) and shares; every rank feeds the same token."""
         token = None
         if self.channel.leads and not stop_requested:
             row = self._penalized(self._row)
-            drawn = self._sampler.draw(row, self._settings)
+            drawn = self._draw(row)
             self._reader.send(drawn)
-            token, settled = self._reader.receive()
-            if not settled:
-                token = int(self._sampler.draw(row, self._settings, drawn.uniform, shortlist=False).token.item())
+            token = self._draw.settle(row, drawn, self._reader.receive()).token
         token = self.channel.share_token(token)
         if token is None:
             return None

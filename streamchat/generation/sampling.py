@@ -4,20 +4,22 @@ The steps follow transformers' generate(), in its order: repetition penalty on t
 raw logits, then temperature, top-k, top-p and min-p, then a draw from what is left.
 Temperature 0 is greedy decoding: the repetition penalty still applies, then argmax.
 
-The cut functions below are the reference: pure, on a logits vector, in the exact
-semantics of transformers' logits processors. A draw avoids their full sort of the
-vocabulary where it can: the cuts only ever keep a prefix of the tokens ranked by
-logit, so they can run on the few highest (`torch.topk`) when those provably hold
-everything the cuts keep. Whether they do is a device flag read back with the token;
-when they did not, the draw is redone over the whole vocabulary with the same
-uniform number, so a seed gives the same tokens either way. A draw is the inverse of
-the kept tokens' cumulative distribution at one seeded uniform number.
+make_draw composes the draw once from a reply's settings (mlx-lm's make_sampler), so
+a step runs only the cuts that are on. A draw avoids a full sort of the vocabulary
+where it can: the cuts only ever keep a prefix of the tokens ranked by logit, so they
+can run on the few highest (`torch.topk`) when those provably hold everything the cuts
+keep. Whether they do is a device flag read back with the token; when they did not,
+TokenDraw.settle redraws over the whole vocabulary with the same uniform number, so a
+seed gives the same tokens either way. A draw is the inverse of the kept tokens'
+cumulative distribution at one seeded uniform number. The cuts' reference, in the
+exact semantics of transformers' logits processors, is tests/support/reference_sampling.py.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,66 +29,20 @@ from streamchat.generation.settings import MAX_SEED, GenerationSettings
 # How many of the highest logits a draw looks at before it falls back to the whole vocabulary.
 SHORTLIST = 128
 
-
-def apply_repetition_penalty(logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float) -> torch.Tensor:
-    """Make tokens already seen less likely: positive logits divided by the penalty,
-    negative ones multiplied (transformers' RepetitionPenaltyLogitsProcessor)."""
-    if penalty == 1.0 or previous_ids.numel() == 0:
-        return logits
-    seen = logits.gather(-1, previous_ids)
-    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
-    return logits.scatter(-1, previous_ids, seen)
+# Logits [n] ranked highest first, and the log normaliser of the whole distribution when
+# they are only its head (None when they are the whole vocabulary), to the logits a cut keeps.
+_Cut = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def penalize_held(logits: torch.Tensor, token_ids: torch.Tensor, held: torch.Tensor, penalty: float) -> torch.Tensor:
-    """The repetition penalty over the tokens `held` [n] marks among `token_ids` [n]: fixed shapes, no host sync."""
+    """The repetition penalty over the tokens `held` [n] marks among `token_ids` [n]: fixed shapes, no host sync.
+
+    Positive logits are divided by the penalty, negative ones multiplied (transformers'
+    RepetitionPenaltyLogitsProcessor), each token once however often it is held.
+    """
     counts = torch.zeros(logits.shape[-1], device=logits.device).scatter_add_(0, token_ids, held.float())
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
     return torch.where(counts > 0, penalized, logits)
-
-
-def mask_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k highest logits (and any tied with the k-th); 0 keeps all."""
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    pivot = torch.topk(logits, k).values[..., -1:]
-    return logits.masked_fill(logits < pivot, -torch.inf)
-
-
-def mask_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the fewest most likely tokens whose probabilities sum to at least top_p."""
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, descending=True)
-    drop_sorted = _drop_past_top_p(sorted_logits, top_p)
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, -torch.inf)
-
-
-def mask_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Drop tokens less likely than min_p times the most likely one."""
-    if min_p <= 0.0:
-        return logits
-    probs = logits.softmax(dim=-1)
-    threshold = min_p * probs.max(dim=-1, keepdim=True).values
-    return logits.masked_fill(probs < threshold, -torch.inf)
-
-
-def next_token_probs(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
-    """The distribution a token is drawn from (temperature above 0): temperature, then the
-    top-k, top-p and min-p cuts."""
-    logits = logits.float() / settings.temperature
-    logits = mask_top_k(logits, settings.top_k)
-    logits = mask_top_p(logits, settings.top_p)
-    logits = mask_min_p(logits, settings.min_p)
-    return logits.softmax(dim=-1)
-
-
-def _drop_past_top_p(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    # A token stays if the tokens ranked above it fall short of top_p; the top one always does.
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    return mass_before >= top_p
 
 
 @dataclass(frozen=True)
@@ -98,8 +54,17 @@ class Draw:
     uniform: torch.Tensor | None  # the number it was drawn at, to redraw over the whole vocabulary
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A draw decided on the host: the token id, the same token on the device to feed, and whether it was redrawn."""
+
+    token: int
+    on_device: torch.Tensor  # [1]
+    redrawn: bool  # the shortlist could not decide: drawn again over the whole vocabulary
+
+
 class Sampler:
-    """Draws next tokens with its own seeded generator, so a seed replays a conversation."""
+    """The seeded generator draws take their uniform numbers from, so a seed replays a conversation."""
 
     def __init__(self, seed: int | None = None) -> None:
         # Without a seed, pick one anyway and keep it, so it can be shown and reused.
@@ -107,49 +72,9 @@ class Sampler:
         self.seed = seed if seed is not None else secrets.randbelow(MAX_SEED + 1)
         self._generator: torch.Generator | None = None
 
-    def draw(
-        self,
-        logits: torch.Tensor,
-        settings: GenerationSettings,
-        uniform: torch.Tensor | None = None,
-        shortlist: bool = True,
-    ) -> Draw:
-        """The next token from one position's logits [vocab] (repetition penalty already applied).
-
-        `uniform` redraws at an earlier draw's number; `shortlist=False` ranks the whole vocabulary.
-        """
-        settled = torch.ones(1, dtype=torch.bool, device=logits.device)
-        if settings.greedy:
-            return Draw(logits.argmax(dim=-1, keepdim=True), settled, None)
-        if uniform is None:
-            uniform = torch.rand(1, generator=self._generator_for(logits.device), device=logits.device)
-        scaled = logits.float() / settings.temperature
-        vocab = scaled.shape[-1]
-        if not (settings.top_k > 0 or settings.top_p < 1 or settings.min_p > 0):
-            # Nothing is cut: no ranking needed at all.
-            return Draw(_inverse_cdf(scaled.softmax(dim=-1), uniform), settled, uniform)
-        size = settings.top_k if settings.top_k > 0 else SHORTLIST
-        if shortlist and size < vocab:
-            values, order = torch.topk(scaled, size + 1)
-            log_total = torch.logsumexp(scaled, dim=-1, keepdim=True)
-            settled = _shortlist_settles(values, settings, log_total)
-            probs = _cut(values[:-1], settings, log_total)
-        else:
-            values, order = torch.sort(scaled, descending=True)
-            probs = _cut(values, settings)
-        return Draw(order.gather(-1, _inverse_cdf(probs, uniform)), settled, uniform)
-
-    def next_token(
-        self, logits: torch.Tensor, settings: GenerationSettings, previous_ids: torch.Tensor | None = None
-    ) -> int:
-        """The next token id from one position's logits (shape: vocab), read back to the host."""
-        if previous_ids is not None:
-            logits = apply_repetition_penalty(logits, previous_ids, settings.repetition_penalty)
-        drawn = self.draw(logits, settings)
-        token, settled = torch.cat((drawn.token, drawn.settled.long())).tolist()
-        if not settled:
-            token = int(self.draw(logits, settings, drawn.uniform, shortlist=False).token.item())
-        return token
+    def uniform(self, device: torch.device) -> torch.Tensor:
+        """The next uniform number [1] in [0, 1), drawn on `device`."""
+        return torch.rand(1, generator=self._generator_for(device), device=device)
 
     def random_state(self) -> torch.Tensor | None:
         """Where the generator stands (a byte tensor), None before the first draw: it starts from the seed."""
@@ -166,33 +91,121 @@ class Sampler:
         return self._generator
 
 
-def _cut(ranked: torch.Tensor, settings: GenerationSettings, log_total: torch.Tensor | None = None) -> torch.Tensor:
-    """The probabilities [n] the cuts keep of logits [n] ranked highest first.
+class TokenDraw:
+    """One reply's draw, composed by make_draw: called on logits on the device, then settled on the host."""
 
-    `log_total` is the log normaliser of the whole distribution when `ranked` is only its
-    head (top-p measures mass against it); None when `ranked` is the whole vocabulary.
-    """
-    kept = ranked
+    def __init__(
+        self,
+        draw: Callable[[torch.Tensor], Draw],
+        redraw: Callable[[torch.Tensor, torch.Tensor | None], Draw],
+    ) -> None:
+        self._draw = draw  # on the shortlist where it can decide
+        self._redraw = redraw  # the same logits at an earlier draw's number, over the whole vocabulary
+
+    def __call__(self, logits: torch.Tensor) -> Draw:
+        """The next token from one position's logits [vocab] (repetition penalty already applied)."""
+        return self._draw(logits)
+
+    def settle(self, logits: torch.Tensor, drawn: Draw, read: tuple[int, bool]) -> Settled:
+        """The token `drawn` from `logits` stands when its shortlist decided; else it is drawn again at its number.
+
+        `read` is its token and settled flag, read back to the host.
+        """
+        token, settled = read
+        if settled:
+            return Settled(token, drawn.token, redrawn=False)
+        redrawn = self._redraw(logits, drawn.uniform).token
+        return Settled(int(redrawn.item()), redrawn, redrawn=True)
+
+    def next_token(self, logits: torch.Tensor) -> int:
+        """The next token id from one position's logits [vocab], read back to the host."""
+        drawn = self(logits)
+        token, settled = torch.cat((drawn.token, drawn.settled.long())).tolist()
+        return self.settle(logits, drawn, (token, bool(settled))).token
+
+
+def make_draw(settings: GenerationSettings, sampler: Sampler) -> TokenDraw:
+    """The draw these settings make, composed once; its uniform numbers come from `sampler`."""
+    if settings.greedy:
+        return TokenDraw(_argmax, lambda logits, uniform: _argmax(logits))
+    temperature = settings.temperature
+    if not (settings.top_k > 0 or settings.top_p < 1 or settings.min_p > 0):
+        # Nothing is cut: no ranking needed at all.
+        def unranked(logits: torch.Tensor, uniform: torch.Tensor) -> Draw:
+            probs = (logits.float() / temperature).softmax(dim=-1)
+            return Draw(_inverse_cdf(probs, uniform), _settled(logits), uniform)
+
+        return TokenDraw(lambda logits: unranked(logits, sampler.uniform(logits.device)), unranked)
+
+    cut = _make_cut(settings)
+    settles = _make_settles(settings)
+    size = settings.top_k if settings.top_k > 0 else SHORTLIST
+
+    def whole(logits: torch.Tensor, uniform: torch.Tensor) -> Draw:
+        values, order = torch.sort(logits.float() / temperature, descending=True)
+        return Draw(order.gather(-1, _inverse_cdf(cut(values, None), uniform)), _settled(logits), uniform)
+
+    def shortlisted(logits: torch.Tensor) -> Draw:
+        uniform = sampler.uniform(logits.device)
+        if size >= logits.shape[-1]:
+            return whole(logits, uniform)
+        scaled = logits.float() / temperature
+        values, order = torch.topk(scaled, size + 1)  # the shortlist and the next logit down
+        log_total = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        index = _inverse_cdf(cut(values[:-1], log_total), uniform)
+        return Draw(order.gather(-1, index), settles(values, log_total), uniform)
+
+    return TokenDraw(shortlisted, whole)
+
+
+def _make_cut(settings: GenerationSettings) -> _Cut:
+    """The cuts that are on, as one function from ranked logits to the probabilities [n] they keep."""
+    cuts: list[_Cut] = []
     if settings.top_k > 0:
-        kept = kept.masked_fill(kept < kept[min(settings.top_k, kept.shape[-1]) - 1], -torch.inf)
-        log_total = None  # top-p then measures mass among the top k
+        top_k = settings.top_k
+        cuts.append(lambda kept, log_total: kept.masked_fill(kept < kept[min(top_k, kept.shape[-1]) - 1], -torch.inf))
     if settings.top_p < 1:
-        probs = (kept - (torch.logsumexp(kept, dim=-1) if log_total is None else log_total)).exp()
-        kept = kept.masked_fill(probs.cumsum(dim=-1) - probs >= settings.top_p, -torch.inf)
+        top_p, after_top_k = settings.top_p, settings.top_k > 0
+
+        def cut_top_p(kept: torch.Tensor, log_total: torch.Tensor | None) -> torch.Tensor:
+            # After top-k, top-p measures mass among the top k, not the whole vocabulary.
+            total = torch.logsumexp(kept, dim=-1) if log_total is None or after_top_k else log_total
+            probs = (kept - total).exp()
+            return kept.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, -torch.inf)
+
+        cuts.append(cut_top_p)
     if settings.min_p > 0:
         # min-p compares each probability with the top one's: a difference of logits.
-        kept = kept.masked_fill(kept < kept[:1] + math.log(settings.min_p), -torch.inf)
-    return kept.softmax(dim=-1)
+        log_min_p = math.log(settings.min_p)
+        cuts.append(lambda kept, log_total: kept.masked_fill(kept < kept[:1] + log_min_p, -torch.inf))
+
+    def cut(ranked: torch.Tensor, log_total: torch.Tensor | None) -> torch.Tensor:
+        for each in cuts:
+            ranked = each(ranked, log_total)
+        return ranked.softmax(dim=-1)
+
+    return cut
 
 
-def _shortlist_settles(values: torch.Tensor, settings: GenerationSettings, log_total: torch.Tensor) -> torch.Tensor:
-    """[1] bool: the cuts keep nothing below the shortlist `values[:-1]` (`values[-1]` is the next logit down)."""
-    head, below = values[:-1], values[-1:]
+def _make_settles(settings: GenerationSettings) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Whether the cuts keep nothing below a shortlist: from `values` [size + 1], the shortlist
+    and the next logit down, and the whole log normaliser [1], a flag [1] on the device."""
     if settings.top_k > 0:
-        return head[-1:] > below  # top-k also keeps ties with the k-th logit
+        # top-k also keeps ties with the k-th logit.
+        return lambda values, log_total: values[-2:-1] > values[-1:]
     if settings.top_p < 1:
-        return torch.logsumexp(head, dim=-1, keepdim=True) - log_total >= math.log(settings.top_p)
-    return below < head[:1] + math.log(settings.min_p)
+        log_top_p = math.log(settings.top_p)
+        return lambda values, log_total: torch.logsumexp(values[:-1], dim=-1, keepdim=True) - log_total >= log_top_p
+    log_min_p = math.log(settings.min_p)
+    return lambda values, log_total: values[-1:] < values[:1] + log_min_p
+
+
+def _argmax(logits: torch.Tensor) -> Draw:
+    return Draw(logits.argmax(dim=-1, keepdim=True), _settled(logits), None)
+
+
+def _settled(logits: torch.Tensor) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.bool, device=logits.device)
 
 
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.sampling import Sampler
+from streamchat.generation.sampling import Sampler, make_draw
 from streamchat.generation.settings import GenerationSettings
 
 
@@ -41,12 +41,13 @@ class _Sampling:
         self.model = model
         self.settings = settings
         self.sampler = Sampler(seed)
+        self.draw = make_draw(settings, self.sampler)
         self.device = model.get_input_embeddings().weight.device
         self.logits: torch.Tensor | None = None  # [1, 1, vocab] after the last token fed
 
     def next_input(self) -> torch.Tensor:
         """The sampled next token as input ids [1, 1]."""
-        token = self.sampler.next_token(self.logits[0, -1], self.settings)
+        token = self.draw.next_token(self.logits[0, -1])
         return torch.tensor([[token]], device=self.device)
 
     def rewind(self) -> None:

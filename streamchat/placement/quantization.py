@@ -68,6 +68,12 @@ def is_quantize_name(name: str) -> bool:
     return name in defaults.QUANTIZATIONS
 
 
+def precision_label(dtype: torch.dtype, quantization: str) -> str:
+    """ "bfloat16 int8", "float32": the weights' dtype, and the quantization --quantize settled on if any."""
+    name = str(dtype).removeprefix("torch.")
+    return name if quantization == NO_QUANTIZATION.method else f"{name} {quantization}"
+
+
 def plan_quantization(requested: str, device: str, dtype: str, accelerators: Accelerators) -> QuantizationPlan:
     """Settle --quantize for a model placed on `device` in `dtype` (both as plan_placement settled them)."""
     if not is_quantize_name(requested):

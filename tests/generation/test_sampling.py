@@ -13,15 +13,15 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from streamchat.generation.sampling import (
-    Sampler,
+from streamchat.generation.sampling import SHORTLIST, Sampler, make_draw, penalize_held
+from streamchat.generation.settings import MAX_SEED, GenerationSettings
+from tests.support.reference_sampling import (
     apply_repetition_penalty,
     mask_min_p,
     mask_top_k,
     mask_top_p,
     next_token_probs,
 )
-from streamchat.generation.settings import MAX_SEED, GenerationSettings
 
 # Logits whose softmax is exactly these probabilities, up to float rounding.
 PROBS = [0.5, 0.3, 0.15, 0.05]
@@ -32,6 +32,16 @@ INF = math.inf
 
 def settings(**changes: float) -> GenerationSettings:
     return GenerationSettings(**{**OFF, **changes})
+
+
+def next_token(
+    sampler: Sampler, logits: torch.Tensor, chosen: GenerationSettings, previous_ids: torch.Tensor | None = None
+) -> int:
+    """One token as the decoder draws it: the penalty over `previous_ids` (all held), then the draw."""
+    if previous_ids is not None:
+        held = torch.ones_like(previous_ids, dtype=torch.bool)
+        logits = penalize_held(logits, previous_ids, held, chosen.repetition_penalty)
+    return make_draw(chosen, sampler).next_token(logits)
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
@@ -131,31 +141,93 @@ def test_repetition_penalty_matches_transformers() -> None:
     assert torch.equal(apply_repetition_penalty(logits, previous, 1.3), expected)
 
 
+def test_the_decoder_penalty_over_held_tokens_matches_the_reference() -> None:
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1))
+    token_ids = torch.tensor([3, 7, 7, 20, 49, 11])
+    held = torch.tensor([True, True, False, True, True, False])  # 7 is held once; 11 is not held
+    expected = apply_repetition_penalty(logits, torch.tensor([3, 7, 20, 49]), 1.3)
+    assert torch.equal(penalize_held(logits, token_ids, held, 1.3), expected)
+
+
 def test_greedy_is_argmax_after_the_repetition_penalty() -> None:
     sampler = Sampler(seed=0)
     greedy = settings(temperature=0.0)
     logits = torch.tensor([3.0, 2.0, -1.0])
-    assert sampler.next_token(logits, greedy) == 0
-    assert sampler.next_token(logits, greedy, previous_ids=torch.tensor([0])) == 0  # penalty 1 by default
+    assert next_token(sampler, logits, greedy) == 0
+    assert next_token(sampler, logits, greedy, previous_ids=torch.tensor([0])) == 0  # penalty 1 by default
     penalised = GenerationSettings(temperature=0.0, repetition_penalty=2.0)
-    assert sampler.next_token(logits, penalised, previous_ids=torch.tensor([0])) == 1  # 3 / 2 < 2
+    assert next_token(sampler, logits, penalised, previous_ids=torch.tensor([0])) == 1  # 3 / 2 < 2
+    assert sampler.random_state() is None  # greedy draws no random number
 
 
 def test_top_k_two_never_draws_the_third_token() -> None:
-    sampler = Sampler(seed=0)
-    draws = {sampler.next_token(LOGITS, settings(top_k=2)) for _ in range(300)}
+    tokens = make_draw(settings(top_k=2), Sampler(seed=0))
+    draws = {tokens.next_token(LOGITS) for _ in range(300)}
     assert draws == {0, 1}
 
 
 def test_min_p_never_draws_masked_tokens() -> None:
-    sampler = Sampler(seed=0)
-    draws = {sampler.next_token(LOGITS, settings(min_p=0.35)) for _ in range(300)}
+    tokens = make_draw(settings(min_p=0.35), Sampler(seed=0))
+    draws = {tokens.next_token(LOGITS) for _ in range(300)}
     assert draws == {0, 1}
+
+
+def reference_token(logits: torch.Tensor, chosen: GenerationSettings, uniform: torch.Tensor) -> int:
+    """The reference's token at `uniform`: of the tokens ranked by logit, the first whose cumulative mass passes it."""
+    order = logits.argsort(descending=True, stable=True)
+    cumulative = next_token_probs(logits, chosen)[order].cumsum(dim=-1)
+    index = torch.searchsorted(cumulative, uniform * cumulative[-1:], right=True).clamp(max=logits.shape[-1] - 1)
+    return int(order[index])
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"top_k": 50},
+        {"top_k": 2000},  # more than the vocabulary: no shortlist at all
+        {"top_p": 0.9},
+        {"top_p": 0.999},
+        {"min_p": 0.1},
+        {"min_p": 0.001},
+        {"temperature": 0.8, "top_k": 20, "top_p": 0.8, "min_p": 0.05},
+    ],
+)
+def test_a_draw_settled_or_redrawn_is_the_reference_token_at_its_number(changes: dict[str, float]) -> None:
+    chosen = settings(**changes)
+    tokens, uniforms = make_draw(chosen, Sampler(seed=9)), Sampler(seed=9)
+    # Sharp rows a shortlist decides, and flat ones it cannot under top-p and min-p.
+    scales = torch.tensor([3.0, 0.2] * 4)[:, None]
+    logits = torch.randn(8, 1000, generator=torch.Generator().manual_seed(2)) * scales
+    for row in logits:
+        assert tokens.next_token(row) == reference_token(row, chosen, uniforms.uniform(row.device))
+
+
+def test_a_shortlist_that_cannot_decide_is_redrawn_at_the_same_number() -> None:
+    flat = torch.linspace(0.0, -1.0, 1000)  # top-p 0.9 keeps far more tokens than the shortlist holds
+    chosen = settings(top_p=0.9)
+    tokens = make_draw(chosen, Sampler(seed=4))
+    drawn = tokens(flat)
+    assert drawn.settled.tolist() == [False]
+    settled = tokens.settle(flat, drawn, (int(drawn.token), False))
+    assert settled.redrawn
+    assert settled.token == int(settled.on_device) == reference_token(flat, chosen, drawn.uniform)
+    assert settled.token >= SHORTLIST  # beyond what the shortlist held: only the redraw could reach it
+
+
+def test_a_shortlist_that_decides_stands() -> None:
+    chosen = settings(top_k=2)
+    tokens = make_draw(chosen, Sampler(seed=4))
+    drawn = tokens(LOGITS)
+    assert drawn.settled.tolist() == [True]
+    settled = tokens.settle(LOGITS, drawn, (int(drawn.token), True))
+    assert not settled.redrawn
+    assert settled.on_device is drawn.token
 
 
 def draw(sampler: Sampler, count: int = 32, vocab: int = 1000) -> list[int]:
     flat = torch.zeros(vocab)
-    return [sampler.next_token(flat, settings()) for _ in range(count)]
+    tokens = make_draw(settings(), sampler)
+    return [tokens.next_token(flat) for _ in range(count)]
 
 
 def test_same_seed_draws_the_same_tokens() -> None:
@@ -183,4 +255,4 @@ def test_sampling_ignores_torch_global_seed() -> None:
 def test_half_precision_logits_are_sampled_in_float32() -> None:
     probs = next_token_probs(LOGITS.to(torch.bfloat16), settings(top_k=2))
     assert probs.dtype == torch.float32
-    assert Sampler(seed=0).next_token(LOGITS.to(torch.bfloat16), settings(top_k=2)) in (0, 1)
+    assert make_draw(settings(top_k=2), Sampler(seed=0)).next_token(LOGITS.to(torch.bfloat16)) in (0, 1)

@@ -4,7 +4,7 @@ import torch
 from streamchat.errors import ConfigError
 from streamchat.placement.device import Accelerators
 from streamchat.placement.int8_linear import Int8Linear
-from streamchat.placement.quantization import QuantizationPlan, plan_quantization, quantize_model
+from streamchat.placement.quantization import QuantizationPlan, plan_quantization, precision_label, quantize_model
 from tests.support.models import tiny_config, tiny_model
 
 CPU_ONLY = Accelerators()
@@ -140,6 +140,18 @@ def test_none_leaves_the_model_alone():
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     assert quantize_model(model, plan_quantization("none", "cpu", "float32", CPU_ONLY)) == 0
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "quantization", "label"),
+    [
+        (torch.bfloat16, "int8", "bfloat16 int8"),
+        (torch.float16, "int4", "float16 int4"),
+        (torch.float32, "none", "float32"),
+    ],
+)
+def test_the_precision_label_names_the_dtype_and_any_quantization(dtype, quantization, label):
+    assert precision_label(dtype, quantization) == label
 
 
 def test_tiny_models_stay_cached_unchanged():
