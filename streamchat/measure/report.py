@@ -20,6 +20,7 @@ from rich.table import Table
 
 from streamchat.errors import ConfigError
 from streamchat.interface.tables import print_table
+from streamchat.storage.durable import write_durably
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -87,11 +88,16 @@ def print_report(
 
 def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Row]) -> Path:
     """Rows as CSV with `columns` as the header; missing values are empty cells."""
-    with _writing(path), path.open("w", newline="", encoding="utf-8") as file:
-        writer = csv.DictWriter(file, fieldnames=list(columns), extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: _csv_value(row.get(key)) for key in columns})
+
+    def write(temporary: Path) -> None:
+        with temporary.open("w", newline="", encoding="utf-8") as file:
+            writer = csv.DictWriter(file, fieldnames=list(columns), extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({key: _csv_value(row.get(key)) for key in columns})
+
+    with _writing(path):
+        write_durably(path, write)
     return path
 
 
@@ -108,7 +114,7 @@ def save_plot(path: Path, draw: Callable[[Figure], None], size: tuple[float, flo
     figure = Figure(figsize=size, layout="constrained")
     draw(figure)
     with _writing(path):
-        figure.savefig(path, format="png", dpi=120)
+        write_durably(path, lambda temporary: figure.savefig(temporary, format="png", dpi=120))
     return path
 
 
@@ -145,9 +151,8 @@ def _csv_value(value: Any) -> Any:
 
 @contextmanager
 def _writing(path: Path) -> Iterator[None]:
-    """Create `path`'s directory for the block, which writes `path`; a failure becomes a one-line error."""
+    """Within the block, which writes `path` (creating its directory), a failure is a one-line error."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         yield
     except OSError as error:
         raise ConfigError(f"cannot write {path} ({error.strerror or error}); choose another --out directory") from None
