@@ -5,8 +5,8 @@
 The content goes to a temporary file beside `path` (mode 0600: conversations are
 private), which is synced, renamed over `path`, and the directory synced, so the
 rename itself survives a power cut. Every file streamchat writes whole goes through
-here (session files, cache states, benchmark results); the journal, which is appended, syncs each
-record itself.
+here (session files, cache states, benchmark results); the journal, which is appended,
+syncs each record itself.
 """
 
 from __future__ import annotations
