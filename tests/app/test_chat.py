@@ -49,7 +49,7 @@ SETTING_VALUES = {
     "stop": "none",
     "eviction": "token",
 }
-WIDTH = 200  # no line of these chats wraps
+WIDTH = 1000  # no line of these chats wraps, however long the temporary paths in it
 TIMINGS = re.compile(r"[\d,]+(\.\d+)? tok/s|first token \d+\.\d+ s")
 
 
