@@ -20,7 +20,7 @@ from streamchat.app import commands
 from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session, save_state
 from streamchat.app.typeahead import keys_held
-from streamchat.conversation.session import ChatSession
+from streamchat.conversation.calls import Conversation
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line
@@ -33,7 +33,7 @@ from streamchat.storage.session_file import save_session
 
 @dataclass
 class ChatApp:
-    session: ChatSession
+    session: Conversation
     display: ChatDisplay
     prompter: Prompter
     model_name: str
@@ -226,7 +226,7 @@ def _kept_description(keep: str | int, kept: int) -> str:
 
 
 @contextmanager
-def _stop_on_interrupt(session: ChatSession, abandon: bool = True) -> Iterator[None]:
+def _stop_on_interrupt(session: Conversation, abandon: bool = True) -> Iterator[None]:
     """First Ctrl-C: stop the reply after the current token. Second: KeyboardInterrupt, if `abandon`."""
     presses = 0
 

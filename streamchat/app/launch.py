@@ -34,6 +34,7 @@ from streamchat.placement.quantization import precision_label
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
+    from streamchat.conversation.calls import Conversation
     from streamchat.conversation.session import ChatSession
     from streamchat.storage.cache_file import StateKey
     from streamchat.storage.journal import Journal
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 # Builds the session a run drives from the model loaded, and what its cache states are valid for
 # (None: none are written or restored). Tensor parallelism builds rank 0's (app/tensor_parallel.py).
-SessionFactory = Callable[[RunConfig, LoadedModel], "tuple[ChatSession, StateKey | None]"]
+SessionFactory = Callable[[RunConfig, LoadedModel], "tuple[Conversation, StateKey | None]"]
 
 
 def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], build: SessionFactory | None = None) -> int:
@@ -58,7 +59,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
         session, key = (build or _session_and_key)(config, loaded)
     if config.continue_ and resume is None:
         stderr.print("no saved session to continue: this is a new one", highlight=False)
-    kept = session.cache.sinks
+    kept = session.cache_stats().sink_capacity
     if loaded.max_context and kept + config.window > loaded.max_context:
         stderr.print(
             f"[yellow]warning:[/] a cache of {kept + config.window:,} tokens is longer than the "
@@ -72,7 +73,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
 
 
 def _interactive(
-    config: RunConfig, loaded: LoadedModel, session: ChatSession, resume: Path | None, key: StateKey | None
+    config: RunConfig, loaded: LoadedModel, session: Conversation, resume: Path | None, key: StateKey | None
 ) -> int:
     from streamchat.app.chat import ChatApp
     from streamchat.app.repl import Prompter, toolbar_text
@@ -89,14 +90,14 @@ def _interactive(
     journal = _journal(config, loaded, display.error)
     app = ChatApp(session, display, prompter, loaded.source.name, journal, key)
     # Under --tp a second Ctrl-C must not tear a step off on rank 0 alone: it stops the reply, like the first.
-    app.abandon_on_second_interrupt = not getattr(session, "in_lockstep", False)
+    app.abandon_on_second_interrupt = not session.steps_in_lockstep
     return app.run(resume)
 
 
 def _piped(
     config: RunConfig,
     loaded: LoadedModel,
-    session: ChatSession,
+    session: Conversation,
     items: Iterator[TranscriptItem],
     resume: Path | None,
     key: StateKey | None,
@@ -175,10 +176,10 @@ def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSessio
     return session_for(config, loaded), state_key(config, loaded)
 
 
-def _banner(config: RunConfig, loaded: LoadedModel, session: ChatSession) -> str:
+def _banner(config: RunConfig, loaded: LoadedModel, session: Conversation) -> str:
     precision = precision_label(loaded.dtype, loaded.quantization)
     return (
         f"streamchat {__version__} · {loaded.source.name} ({loaded.model_type}) on {loaded.device} {precision} · "
-        f"cache {session.cache.sinks} sinks (--keep {config.keep}) + {config.window:,} window · "
+        f"cache {session.cache_stats().sink_capacity} sinks (--keep {config.keep}) + {config.window:,} window · "
         "/help for commands, Ctrl-D to leave"
     )

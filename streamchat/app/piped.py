@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamchat.app.resuming import load_session
-from streamchat.conversation.session import ChatSession
+from streamchat.conversation.calls import Conversation
 from streamchat.errors import TranscriptError
 from streamchat.generation.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
 from streamchat.interface.display import ChatDisplay, prompt_skipped_text
@@ -27,7 +27,7 @@ from streamchat.storage.journal import Journal
 
 
 def run_transcript(
-    session: ChatSession,
+    session: Conversation,
     items: Iterable[TranscriptItem],
     writer: TranscriptWriter,
     display: ChatDisplay | None,
@@ -69,7 +69,7 @@ def run_transcript(
 
 
 def resume_conversation(
-    session: ChatSession,
+    session: Conversation,
     journal: Journal,
     path: Path,
     key: StateKey,
@@ -98,7 +98,7 @@ def _not_resumed_reported(events: Iterator[Event], report: Any) -> Iterator[Even
 
 
 def _play_turn(
-    session: ChatSession,
+    session: Conversation,
     text: str,
     writer: TranscriptWriter,
     display: ChatDisplay | None,

@@ -21,7 +21,7 @@ from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_j
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
 
 if TYPE_CHECKING:
-    from streamchat.conversation.session import ChatSession
+    from streamchat.conversation.calls import Conversation
     from streamchat.generation.events import Event
     from streamchat.interface.config import RunConfig
 
@@ -49,7 +49,7 @@ def session_to_resume(config: RunConfig, sessions: Path) -> Path | None:
 
 
 def load_session(
-    session: ChatSession, journal: Journal, path: Path, key: StateKey | None
+    session: Conversation, journal: Journal, path: Path, key: StateKey | None
 ) -> tuple[Iterator[Event], SavedSession]:
     """Replace the conversation with the one saved at `path`, to go on with it in that same file.
 
@@ -75,7 +75,7 @@ def load_session(
     return events, saved
 
 
-def restored(session: ChatSession, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
+def restored(session: Conversation, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
     """The events of making `session` the conversation `saved` (read from `path`): exactly, with the cache
     state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
     found = read_state(state_path(path), key, saved) if key is not None else None
@@ -83,7 +83,7 @@ def restored(session: ChatSession, saved: SavedSession, path: Path, key: StateKe
     return session.restore(saved.state(tensors), found if isinstance(found, str) else None)
 
 
-def save_state(session: ChatSession, session_path: Path | None, key: StateKey | None) -> int | None:
+def save_state(session: Conversation, session_path: Path | None, key: StateKey | None) -> int | None:
     """Write the cache state beside the session file at `session_path`; its size, None when nothing was written
     (no file, no key, or no whole conversation in the cache: a turn torn off half way).
 

@@ -119,7 +119,7 @@ def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOpti
         return 0
     leader: LeaderSession | None = None
 
-    def build(config: RunConfig, loaded: LoadedModel) -> tuple[Any, None]:
+    def build(config: RunConfig, loaded: LoadedModel) -> tuple[LeaderSession, None]:
         nonlocal leader
         leader = LeaderSession(session_for(config, loaded, channel=lockstep), lockstep)
         return leader, None  # no cache states: each rank holds a shard of the cache

@@ -14,6 +14,9 @@ mirror and sampler), and `restore(state)` makes a session that conversation agai
 session touches no file: whoever owns it (the app, a server) hands those values to
 streamchat.storage.
 
+The calls the app makes of a session are declared in streamchat.conversation.calls
+(`Conversation`), which ChatSession answers as it stands.
+
     session = ChatSession(model, tokenizer, SessionOptions())
     for event in session.chat("Hello!"):
         ...  # TextDelta, Evicted, CacheOccupancy, ..., TurnFinished
@@ -85,6 +88,11 @@ class ChatSession:
     def seed(self) -> int:
         """The sampler's seed: the one set, or the one drawn when none was."""
         return self.sampler.seed
+
+    @property
+    def steps_in_lockstep(self) -> bool:
+        """Whether other processes take each step with this one (a channel: --tp)."""
+        return self.channel is not None
 
     # The token loop owns the cache and its companions; the app, the ranks and the tests read them here.
 

@@ -1,11 +1,11 @@
 """Rank 0's session: every call that moves the conversation goes to every rank first.
 
-`LeaderSession` stands in for the ChatSession the app drives (the REPL, the transcript
-loop): reading calls pass straight through; a call that changes the conversation is
-sent to the other ranks (follower.py), then made here. The events of a turn are driven
-to their end even when the app abandons them, with the reply stopped, because the other
-ranks run the turn to its end too: a turn torn off on one rank only would leave the
-ranks in different collectives.
+`LeaderSession` is the Conversation the app drives (the REPL, the transcript loop) under
+--tp, around rank 0's ChatSession: each read is answered here, from rank 0's session; each
+call that moves the conversation is sent to the other ranks as a Move (follower.py), then
+made here. The events of a turn are driven to their end even when the app abandons them,
+with the reply stopped, because the other ranks run the turn to its end too: a turn torn
+off on one rank only would leave the ranks in different collectives.
 """
 
 from __future__ import annotations
@@ -13,23 +13,38 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TypeVar
 
+from streamchat.cache import CacheStats
+from streamchat.conversation.calls import (
+    Chat,
+    Conversation,
+    Move,
+    Recover,
+    Regenerate,
+    Replay,
+    Reset,
+    Restore,
+    SetOption,
+    SetSystemPrompt,
+)
+from streamchat.conversation.kept_prefix import Keep
 from streamchat.conversation.session import ChatSession
 from streamchat.conversation.state import ConversationState
-from streamchat.distributed.lockstep import EXIT, Lockstep, Request, lost_ranks_reported
-from streamchat.errors import OutOfMemoryError, RankLostError, StreamchatError
+from streamchat.conversation.template import Message
+from streamchat.distributed.lockstep import Exit, Lockstep, out_of_step_failures
+from streamchat.errors import RankLostError, StreamchatError
 from streamchat.generation.events import Event
+from streamchat.generation.mirror import CacheView
 
 # Why a conversation gone on with under --tp is replayed (shown as "not resumed exactly, replayed: ...").
 NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cache)"
 
+Result = TypeVar("Result")
 
-class LeaderSession:
-    """A ChatSession whose conversation moves on every rank at once."""
 
-    # The app asks: a second Ctrl-C must not tear a step off here alone (app/launch.py).
-    in_lockstep = True
+class LeaderSession(Conversation):
+    """A Conversation that moves on every rank at once."""
 
     def __init__(self, session: ChatSession, lockstep: Lockstep) -> None:
         self._session = session
@@ -40,41 +55,76 @@ class LeaderSession:
         # A call was sent and has not finished here: the others are within it, not waiting for a request.
         self._in_step = False
 
-    def __getattr__(self, name: str) -> Any:
-        # Reading the session (stats, transcript, settings, stop()) happens on rank 0 alone.
-        return getattr(self._session, name)
+    # ---- reading the conversation: rank 0 alone ------------------------------------------------
 
-    # ---- calls that move the conversation --------------------------------------------------
+    @property
+    def transcript(self) -> list[Message]:
+        return self._session.transcript
 
-    def chat(self, text: str) -> Iterator[Event]:
-        return self._everywhere("chat", text)
+    @property
+    def system_prompt(self) -> str | None:
+        return self._session.system_prompt
 
-    def regenerate(self) -> Iterator[Event]:
-        return self._everywhere("regenerate")
+    @property
+    def seed(self) -> int:
+        return self._session.seed
 
-    def recover(self) -> Iterator[Event]:
-        return self._everywhere("recover")
+    @property
+    def keep(self) -> Keep:
+        return self._session.keep
 
-    def reset(self) -> None:
-        self._everywhere("reset")
+    @property
+    def steps_in_lockstep(self) -> bool:
+        return True
 
-    def set_system_prompt(self, text: str | None) -> Iterator[Event]:
-        return self._everywhere("set_system_prompt", text)
+    def options(self) -> list[tuple[str, str]]:
+        return self._session.options()
 
-    def set_option(self, key: str, value: str) -> None:
-        self._session.set_option(key, value)  # a bad value is refused here, before any rank changes
-        self._lockstep.send(Request("set_option", (key, value)))
+    def cache_stats(self) -> CacheStats:
+        return self._session.cache_stats()
 
-    def replay(self, messages: list[Any]) -> Iterator[Event]:
-        return self._everywhere("replay", messages)
+    def cache_view(self) -> CacheView:
+        return self._session.cache_view()
 
-    def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
-        """Send the conversation's text to every rank; always replayed (each rank holds a shard of the cache)."""
-        return self._everywhere("restore", dataclasses.replace(state, tensors=None), NOT_RESUMED)
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self._session.decode(token_ids)
 
     def snapshot(self, tensors: bool = True) -> ConversationState:
         """The conversation without tensors: rank 0 holds only a shard of the cache; --continue replays."""
         return self._session.snapshot(tensors=False)
+
+    def stop(self) -> None:
+        """Stop rank 0's reply; the others stop at the same token (the lockstep shares where it stops)."""
+        self._session.stop()
+
+    # ---- calls that move the conversation: every rank ----------------------------------------
+
+    def chat(self, text: str) -> Iterator[Event]:
+        return self._turn_everywhere(Chat(text))
+
+    def regenerate(self) -> Iterator[Event]:
+        return self._turn_everywhere(Regenerate())
+
+    def recover(self) -> Iterator[Event]:
+        return self._turn_everywhere(Recover())
+
+    def reset(self) -> None:
+        self._everywhere(Reset())
+        self._in_step = False
+
+    def set_system_prompt(self, text: str | None) -> Iterator[Event]:
+        return self._turn_everywhere(SetSystemPrompt(text))
+
+    def set_option(self, key: str, value: str) -> None:
+        self._session.set_option(key, value)  # a bad value is refused here, before any rank changes
+        self._lockstep.send(SetOption(key, value))
+
+    def replay(self, messages: list[Message]) -> Iterator[Event]:
+        return self._turn_everywhere(Replay(messages))
+
+    def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
+        """Send the conversation's text to every rank; always replayed (each rank holds a shard of the cache)."""
+        return self._turn_everywhere(Restore(dataclasses.replace(state, tensors=None), NOT_RESUMED))
 
     def close(self) -> None:
         """Tell the other ranks to exit: once, and only when they wait for a request (else they end on their own
@@ -82,19 +132,19 @@ class LeaderSession:
         if not (self._closed or self._broken or self._in_step):
             self._closed = True
             with suppress(RankLostError):
-                self._lockstep.send(Request(EXIT))
+                self._lockstep.send(Exit())
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def _everywhere(self, call: str, *args: Any) -> Any:
+    def _everywhere(self, move: Move[Result]) -> Result:
+        """Send `move` to the other ranks, then make it here; they are within it until it ends here too."""
         self._in_step = True
         with self._watched():
-            self._lockstep.send(Request(call, args))
-            result = getattr(self._session, call)(*args)
-        if result is None:
-            self._in_step = False
-            return None
-        return self._driven(result)
+            self._lockstep.send(move)
+            return move.apply(self._session)
+
+    def _turn_everywhere(self, move: Move[Iterator[Event]]) -> Iterator[Event]:
+        return self._driven(self._everywhere(move))
 
     def _driven(self, events: Iterator[Event]) -> Iterator[Event]:
         with self._watched():
@@ -113,7 +163,7 @@ class LeaderSession:
     @contextmanager
     def _watched(self) -> Iterator[None]:
         try:
-            with _fatal_failures(self._lockstep.rank):
+            with out_of_step_failures(self._lockstep.rank, "running a step", "; every rank stops"):
                 yield
         except RankLostError:
             self._broken = True
@@ -121,21 +171,3 @@ class LeaderSession:
         except StreamchatError:
             self._in_step = False  # every rank met it at the same point (a bad command): still in step
             raise
-
-
-@contextmanager
-def _fatal_failures(rank: int) -> Iterator[None]:
-    """A failure that leaves this rank out of step with the others ends the run.
-
-    Out of memory on one rank (its forward pass broke off while the others wait in a
-    collective) cannot be recovered from as in one process: it becomes RankLostError, with
-    out of memory's message and exit code. Deterministic errors (a bad command) pass: every
-    rank meets them at the same point.
-    """
-    try:
-        with lost_ranks_reported(rank, "running a step"):
-            yield
-    except OutOfMemoryError as error:
-        lost = RankLostError(f"rank {rank}: {error}; every rank stops")
-        lost.exit_code = error.exit_code
-        raise lost from None

@@ -1,11 +1,11 @@
 """What keeps the ranks in lockstep: rank 0's requests, and every step's token.
 
-Rank 0 broadcasts each request (a turn, a command, a setting, exit) as a pickled
-`Request` over the request group; the others carry out the same ChatSession call. Within
-a reply, rank 0 draws each token and broadcasts it, or -1 where its reply stops (a
-Ctrl-C): the ranks feed the same token, or stop at the same place, whatever their
-logits. Between the forward passes of a long prompt, rank 0 broadcasts whether it was
-asked to stop. One small broadcast per step, on the default group.
+Rank 0 broadcasts each request over the request group, pickled: a Move
+(streamchat.conversation.calls: a turn, a command, a setting) that every rank applies to
+its session, or Exit. Within a reply, rank 0 draws each token and broadcasts it, or -1
+where its reply stops (a Ctrl-C): the ranks feed the same token, or stop at the same
+place, whatever their logits. Between the forward passes of a long prompt, rank 0
+broadcasts whether it was asked to stop. One small broadcast per step, on the default group.
 """
 
 from __future__ import annotations
@@ -17,27 +17,23 @@ from typing import Any
 
 import torch
 
+from streamchat.conversation.calls import Move
 from streamchat.distributed.group import Group, first_line
-from streamchat.errors import PeerLostError
+from streamchat.errors import OutOfMemoryError, PeerLostError, RankLostError
 
 # The token value that says "the reply stops here" (token ids are never negative).
 STOP = -1
 # How a collective says that a peer is gone or late: torch's own error types, or gloo and NCCL's wording.
 _PEER_FAILURE_WORDING = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout")
 
-# The ChatSession calls followers carry out (rank 0 sends nothing else).
-SESSION_CALLS = frozenset(
-    {"chat", "regenerate", "recover", "reset", "set_system_prompt", "set_option", "replay", "restore"}
-)
-EXIT = "exit"
-
 
 @dataclass(frozen=True)
-class Request:
-    """One ChatSession call for every rank to make (or EXIT)."""
+class Exit:
+    """Rank 0's last request: the run is over."""
 
-    call: str
-    args: tuple[Any, ...] = ()
+
+# What rank 0 sends the other ranks (nothing else).
+Request = Move[Any] | Exit
 
 
 class Lockstep:
@@ -52,7 +48,7 @@ class Lockstep:
     # ---- requests (request group) -----------------------------------------------------------
 
     def send(self, request: Request) -> None:
-        """Rank 0: have every rank make this call."""
+        """Rank 0: have every rank apply this move (or exit)."""
         import torch.distributed as dist
 
         with lost_ranks_reported(self.rank, "sending a request"):
@@ -65,7 +61,7 @@ class Lockstep:
         box: list[Any] = [None]
         with lost_ranks_reported(self.rank, "waiting for rank 0"):
             dist.broadcast_object_list(box, src=0, group=self.group.requests)
-        return box[0]
+        return known_request(box[0], self.rank)
 
     # ---- steps (default group) ----------------------------------------------------------------
 
@@ -110,3 +106,29 @@ def peer_failure_words(error: BaseException) -> str:
     """gloo's and NCCL's message, to its first sentence (the rest is advice for bug reports)."""
     line = first_line(error)
     return line.split(". ", 1)[0].rstrip(".")
+
+
+def known_request(received: object, rank: int) -> Request:
+    """What rank 0 sent, when it is a request; RankLostError for anything else (a streamchat of another version)."""
+    if not isinstance(received, Move | Exit):
+        raise RankLostError(f"rank {rank} got a request it does not know: {received!r}")
+    return received
+
+
+@contextmanager
+def out_of_step_failures(rank: int, what: str, aftermath: str = "") -> Iterator[None]:
+    """A failure that leaves this rank out of step with the others, as RankLostError: it ends the run.
+
+    A lost peer is PeerLostError (see lost_ranks_reported: `what` this rank was doing). Out
+    of memory on this rank (its forward pass broke off while the others wait in a
+    collective) cannot be recovered from as in one process: it becomes RankLostError with
+    out of memory's message (then `aftermath`) and exit code. Deterministic errors (a bad
+    command) pass: every rank meets them at the same point.
+    """
+    try:
+        with lost_ranks_reported(rank, what):
+            yield
+    except OutOfMemoryError as error:
+        lost = RankLostError(f"rank {rank}: {error}{aftermath}")
+        lost.exit_code = error.exit_code
+        raise lost from None

@@ -1,10 +1,13 @@
-"""A follower makes rank 0's session calls, feeding rank 0's tokens, with in-process stand-ins for the transport."""
+"""A follower applies rank 0's moves, feeding rank 0's tokens, with in-process stand-ins for the transport."""
 
 import pytest
 
+from streamchat.conversation.calls import Chat, ConversationMoves, Move, Regenerate, Reset, SetOption
 from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.state import ConversationState
 from streamchat.distributed.follower import follow
-from streamchat.distributed.lockstep import EXIT, Request
+from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
+from streamchat.distributed.lockstep import Exit
 from streamchat.errors import OutOfMemoryError, RankLostError
 from streamchat.generation.events import TextDelta
 from streamchat.generation.settings import GenerationSettings
@@ -72,7 +75,7 @@ def stopped_after(events, session, tokens):
 def test_a_follower_feeds_rank_0s_tokens_and_stops_where_rank_0_stopped():
     recorder = Recorder()
     leader = session(recorder)
-    requests = [Request("chat", ("Hello there",)), Request("chat", ("Go on, at length.",)), Request(EXIT)]
+    requests = [Chat("Hello there"), Chat("Go on, at length."), Exit()]
     for _ in leader.chat("Hello there"):
         pass
     stopped_after(leader.chat("Go on, at length."), leader, 3)
@@ -92,11 +95,11 @@ def test_errors_every_rank_meets_are_rank_0s_to_report_and_the_follower_goes_on(
     for _ in leader.chat("Hi"):
         pass
     requests = [
-        Request("regenerate"),  # nothing to regenerate yet: ConfigError on every rank
-        Request("set_option", ("temperature", "hot")),  # refused on every rank
-        Request("chat", ("Hi",)),
-        Request("reset"),
-        Request(EXIT),
+        Regenerate(),  # nothing to regenerate yet: ConfigError on every rank
+        SetOption("temperature", "hot"),  # refused on every rank
+        Chat("Hi"),
+        Reset(),
+        Exit(),
     ]
     follower = session(Replayer(recorder.steps, requests))
     follow(follower, follower.channel)
@@ -110,13 +113,54 @@ class Exploding:
 
 
 def test_out_of_memory_on_a_follower_ends_it_with_out_of_memorys_line_and_code():
-    channel = Replayer([], [Request("chat", ("Hi",))])
+    channel = Replayer([], [Chat("Hi")])
     with pytest.raises(RankLostError) as raised:
         follow(Exploding(), channel)
     assert str(raised.value) == "rank 1: out of memory on cpu while reading 9 tokens; try a smaller --window"
     assert raised.value.exit_code == OutOfMemoryError.exit_code
 
 
-def test_a_request_for_anything_but_a_session_call_is_refused():
-    with pytest.raises(RankLostError, match="'save_state'"):
-        follow(Exploding(), Replayer([], [Request("save_state", ("/tmp/x", None))]))
+class Wire(Recorder):
+    """Rank 0's end: every step it shares, and every move it sends."""
+
+    rank = 0
+
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    def send(self, move):
+        self.sent.append(move)
+
+
+# One example of each call that moves the conversation, in an order where each changes something.
+ANSWERED = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How are you?"}]
+MOVES = [
+    ("chat", ("Hello there",)),
+    ("set_option", ("max_new_tokens", "6")),
+    ("regenerate", ()),
+    ("set_system_prompt", ("Be brief.",)),
+    ("replay", ([*ANSWERED, {"role": "user", "content": "And then?"}],)),
+    ("recover", ()),  # drops the message that has no reply, and replays the rest
+    ("restore", (ConversationState(ANSWERED, "Be kind.", {"max_new_tokens": "9"}), NOT_RESUMED)),
+    ("reset", ()),
+]
+
+
+def test_every_call_that_moves_the_conversation_reaches_the_followers():
+    assert {name for name, _ in MOVES} == ConversationMoves.__abstractmethods__
+    wire = Wire()
+    alone, leader = session(None), LeaderSession(session(wire), wire)
+    after_each = []
+    for name, args in MOVES:
+        for target in (alone, leader):
+            for _ in getattr(target, name)(*args) or ():
+                pass
+        after_each.append((leader.snapshot(), leader.cache_stats(), leader.cache_view()))
+        assert after_each[-1] == (alone.snapshot(tensors=False), alone.cache_stats(), alone.cache_view()), name
+    assert len(wire.sent) == len(MOVES) and {type(move) for move in wire.sent} == set(Move.__subclasses__())
+    follower = session(Replayer(wire.steps), seed=1)  # other weights: it feeds rank 0's tokens all the same
+    for (name, _), move, expected in zip(MOVES, wire.sent, after_each, strict=True):
+        for _ in move.apply(follower) or ():
+            pass
+        assert (follower.snapshot(tensors=False), follower.cache_stats(), follower.cache_view()) == expected, name

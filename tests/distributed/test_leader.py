@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
+from streamchat.conversation.calls import Chat, Conversation, Reset, Restore, SetOption
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
-from streamchat.distributed.lockstep import EXIT, Request
+from streamchat.distributed.lockstep import Exit
 from streamchat.errors import ConfigError, OutOfMemoryError, PeerLostError, RankLostError
 from streamchat.generation.events import NotResumed, Replayed, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
@@ -45,12 +46,24 @@ def leader(wire=None):
 def test_each_call_that_moves_the_conversation_is_sent_before_it_runs_here():
     session, wire = leader()
     events = session.chat("Hello")
-    assert wire.sent == [Request("chat", ("Hello",))]
+    assert wire.sent == [Chat("Hello")]
     assert any(isinstance(event, TurnFinished) for event in events)
     session.set_option("temperature", "0.5")
     session.reset()
-    assert wire.sent[1:] == [Request("set_option", ("temperature", "0.5")), Request("reset")]
-    assert session.transcript == [] and session.settings.temperature == 0.5  # reads pass through
+    assert wire.sent[1:] == [SetOption("temperature", "0.5"), Reset()]
+    assert session.transcript == [] and ("temperature", "0.5") in session.options()  # read on rank 0
+
+
+def test_each_read_is_rank_0s_session_read_there():
+    session, wire = leader()
+    list(session.chat("Hello"))
+    inner = session._session
+    view = inner.cache_view()
+    assert session.transcript is inner.transcript and session.transcript[0]["content"] == "Hello"
+    assert (session.system_prompt, session.seed, session.keep) == (inner.system_prompt, inner.seed, inner.keep)
+    assert session.options() == inner.options() and session.cache_stats() == inner.cache_stats()
+    assert session.cache_view() == view and session.decode(view.sink_ids) == inner.decode(view.sink_ids)
+    assert wire.sent == [Chat("Hello")]  # reading sends nothing
 
 
 def test_a_bad_setting_is_refused_before_any_rank_changes():
@@ -68,7 +81,7 @@ def test_restore_sends_the_conversation_without_tensors_and_snapshots_carry_none
     assert exact.tensors is not None
     events = list(session.restore(exact))
     text_only = dataclasses.replace(exact, tensors=None)
-    assert wire.sent[-1] == Request("restore", (text_only, NOT_RESUMED))
+    assert wire.sent[-1] == Restore(text_only, NOT_RESUMED)
     assert NotResumed(NOT_RESUMED) in events and isinstance(events[-1], Replayed)
     assert session.transcript == exact.messages
 
@@ -88,7 +101,7 @@ def test_close_tells_the_other_ranks_to_exit_once():
     session, wire = leader()
     session.close()
     session.close()
-    assert wire.sent == [Request(EXIT)]
+    assert wire.sent == [Exit()]
 
 
 def test_out_of_memory_on_rank_0_ends_the_run_with_its_line_and_code():
@@ -127,5 +140,5 @@ def test_a_collective_that_fails_because_a_peer_died_is_a_peer_lost_error():
 
 def test_the_app_is_told_that_a_second_ctrl_c_must_not_tear_a_step():
     session, _ = leader()
-    assert session.in_lockstep
-    assert not getattr(session._session, "in_lockstep", False)
+    assert isinstance(session, Conversation)
+    assert session.steps_in_lockstep  # a ChatSession alone does not (tests/conversation/test_calls.py)

@@ -3,10 +3,11 @@
 import pytest
 import torch.distributed as dist
 
+from streamchat.conversation.calls import Chat
 from streamchat.distributed.group import Ranks, join_group, leave_group
-from streamchat.distributed.lockstep import Lockstep, Request, is_peer_failure, lost_ranks_reported
+from streamchat.distributed.lockstep import Exit, Lockstep, is_peer_failure, known_request, lost_ranks_reported
 from streamchat.distributed.supervisor import free_port
-from streamchat.errors import PeerLostError
+from streamchat.errors import PeerLostError, RankLostError
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def test_rank_0s_token_and_its_stop_come_back_as_sent(alone):
     assert alone.share_token(None) is None  # the reply stops here
     assert alone.agree_stop(True) is True
     assert alone.agree_stop(False) is False
-    alone.send(Request("chat", ("Hello",)))  # to nobody: the other ranks' side runs in the multiprocess tests
+    alone.send(Chat("Hello"))  # to nobody: the other ranks' side runs in the multiprocess tests
 
 
 def test_a_peers_death_or_silence_is_a_peer_failure_and_anything_else_is_not():
@@ -40,3 +41,10 @@ def test_a_peers_death_or_silence_is_a_peer_failure_and_anything_else_is_not():
         raise closed
     with pytest.raises(RuntimeError, match="shapes"), lost_ranks_reported(1, "sharing a token"):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+
+def test_what_rank_0_sends_is_a_move_or_exit_and_nothing_else():
+    assert known_request(Chat("Hello"), 1) == Chat("Hello")
+    assert known_request(Exit(), 1) == Exit()
+    with pytest.raises(RankLostError, match=r"^rank 1 got a request it does not know: \('save_state', '/tmp/x'\)$"):
+        known_request(("save_state", "/tmp/x"), 1)
