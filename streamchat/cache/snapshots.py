@@ -1,7 +1,8 @@
 """Taking a sink cache back to an earlier state: one step, one reply, or the whole state on disk.
 
 - `Checkpoint`: the bookkeeping only. A decode step writes a free slot and evicts by
-  bookkeeping alone (ledger.py), so restoring the ledgers takes such steps back exactly.
+  bookkeeping alone (ledger.py), so restoring the ledgers takes such steps back exactly;
+  a rebase, which rotates every stored key, runs before a checkpoint when it is due.
 - `ReplySnapshot`: what a reply can change, saved before it: the slots it may write
   (as many as it can feed tokens, not the whole cache) and the sinks. /regen restores it.
   A rebase rotates every slot, so one that is due runs before the snapshot and the next
@@ -36,7 +37,11 @@ class Checkpoint:
     sliding: SlidingLedger | None
 
     @classmethod
+    @torch.inference_mode()
     def take(cls, cache: SinkCache) -> Checkpoint:
+        # A rebase rotates every stored key, which no ledger can take back: one that is due runs first.
+        if cache.ledger.rebase_due:
+            cache.rebase()
         return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None)
 
     def restore(self, cache: SinkCache) -> None:

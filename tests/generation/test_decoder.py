@@ -7,6 +7,7 @@ import torch
 import torch._dynamo
 
 from streamchat.cache import SinkCache, forward
+from streamchat.cache.snapshots import cache_state
 from streamchat.errors import ConfigError
 from streamchat.generation.decoder import Decoder, compile_backend
 from streamchat.generation.sampling import Sampler
@@ -88,3 +89,31 @@ def test_a_stop_requested_before_a_step_feeds_nothing_and_returns_none():
     assert decoder.next(stop_requested=True) is None
     assert cache.stats().seen == seen
     assert decoder.next().token == int(logits[0, -1].argmax())
+
+
+def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_it_never_happened():
+    model = tiny_model("llama")
+    greedy = GenerationSettings(temperature=0.0)
+
+    def decoded(take_back_at: set[int]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """The cache after 130 steps, with the steps in `take_back_at` taken back and fed again; the rebase steps."""
+        cache = SinkCache.for_model(model, SINKS, WINDOW)
+        prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+        decoder = Decoder(model, cache)
+        decoder.start(forward(model, cache, prompt), greedy, Sampler(seed=11))
+        rebases = []
+        for step in range(130):
+            offset = cache.ledger.position_offset
+            decoder.next()
+            if step in take_back_at:
+                decoder.take_back()
+                decoder.next()
+            if cache.ledger.position_offset != offset:
+                rebases.append(step)
+        return cache_state(cache), rebases
+
+    straight, rebases = decoded(set())
+    assert rebases  # the stream crosses a rebase
+    taken_back, _ = decoded({step + delta for step in rebases for delta in (-1, 0, 1)})
+    assert straight.keys() == taken_back.keys()
+    assert [name for name in straight if not torch.equal(straight[name], taken_back[name])] == []
