@@ -131,8 +131,8 @@ def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str
     model = subject.model
     cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
     decoder = Decoder(model, cache, compile_backend)
-    *_, (_, logits) = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
-    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
+    *_, last = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
+    decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
     decoder.next()  # the first step: it compiles, when compiling
     _synchronize(subject.device)
     started = time.perf_counter()

@@ -133,7 +133,7 @@ def _probe(model: Any, cache: SinkCache, question: list[int], answer: list[int],
     if len(ids) > cache.window:
         raise ConfigError(f"--window {cache.window}: the probe needs {len(ids)} tokens in one pass; raise --window")
     snapshot = ReplySnapshot.take(cache, len(ids))
-    logits = forward(model, cache, torch.tensor([ids], device=device), all_logits=True)[0]  # [len(ids), vocab]
+    logits = forward(model, cache, torch.tensor([ids], device=device), all_logits=True).logits[0]  # [len(ids), vocab]
     # The logits at position i predict token i + 1: those from the question's last token on predict the answer.
     predicting = logits[len(question) - 1 : len(ids) - 1].double().log_softmax(dim=-1)
     chosen = predicting.gather(1, torch.tensor(answer, device=predicting.device)[:, None])

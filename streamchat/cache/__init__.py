@@ -10,22 +10,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from streamchat.cache.feeding import forward, prefill_chunks
+    from streamchat.cache.feeding import FedChunk, Forwarded, forward, prefill_chunks
     from streamchat.cache.ledger import CacheStats, Eviction
-    from streamchat.cache.sink_cache import LayerSpec, SinkCache, StepInputs, layer_specs
+    from streamchat.cache.sink_cache import LayerSpec, SinkCache, Step, StepInputs, layer_specs
 
 _HOMES = {
     "CacheStats": "ledger",
     "Eviction": "ledger",
+    "FedChunk": "feeding",
+    "Forwarded": "feeding",
     "forward": "feeding",
     "prefill_chunks": "feeding",
     "LayerSpec": "sink_cache",
     "SinkCache": "sink_cache",
+    "Step": "sink_cache",
     "StepInputs": "sink_cache",
     "layer_specs": "sink_cache",
 }
 
-__all__ = ["CacheStats", "Eviction", "LayerSpec", "SinkCache", "StepInputs", "forward", "layer_specs", "prefill_chunks"]
+__all__ = [
+    "CacheStats",
+    "Eviction",
+    "FedChunk",
+    "Forwarded",
+    "LayerSpec",
+    "SinkCache",
+    "Step",
+    "StepInputs",
+    "forward",
+    "layer_specs",
+    "prefill_chunks",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from streamchat.cache.ledger import Eviction
 from streamchat.cache.sink_cache import SinkCache
 from streamchat.errors import CacheConfigError
+
+
+class Forwarded(NamedTuple):
+    """One forward pass through the cache: its logits, and what the cache evicted to make room."""
+
+    logits: torch.Tensor  # [1, n, vocab] with all_logits, else the last position's [1, 1, vocab]
+    eviction: Eviction | None
+
+
+class FedChunk(NamedTuple):
+    """One chunk of a longer feed: its ids [1, c], the logits after it and what it evicted."""
+
+    ids: torch.Tensor
+    logits: torch.Tensor
+    eviction: Eviction | None
 
 
 def chunk_sizes(total: int, cache: SinkCache, chunk_size: int) -> Iterator[int]:
@@ -29,30 +45,28 @@ def prefill_chunks(
     input_ids: torch.Tensor,
     chunk_size: int,
     all_logits: bool = False,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Feed input_ids [1, n]; yield (chunk ids [1, c], logits) per chunk, as forward() returns them."""
+) -> Iterator[FedChunk]:
+    """Feed input_ids [1, n]; yield each chunk with its logits, as forward() returns them, and its eviction."""
     start = 0
     for size in chunk_sizes(input_ids.shape[-1], cache, chunk_size):
         chunk = input_ids[:, start : start + size]
-        yield chunk, forward(model, cache, chunk, all_logits)
+        yield FedChunk(chunk, *forward(model, cache, chunk, all_logits))
         start += size
 
 
-def forward(model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
-    """One forward pass of input_ids [1, n] through the cache (which evicts what does not fit).
+def forward(model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: bool = False) -> Forwarded:
+    """One forward pass of input_ids [1, n] through the cache, which evicts what does not fit.
 
-    Returns logits [1, n, vocab] with `all_logits`, else only the last position's [1, 1, vocab].
+    Returns the logits ([1, n, vocab] with `all_logits`, else the last position's [1, 1, vocab])
+    and the eviction that made room for the pass (None when nothing had to leave).
     """
-    # The cache's storage is made and written under inference mode, so every step runs under it.
-    with torch.inference_mode():
-        inputs = cache.begin_step(input_ids)
+    with cache.step(input_ids) as step:
         logits = model(
             input_ids=input_ids,
             cache=cache,
-            position_ids=inputs.position_ids,
-            attention_mask=inputs.attention_mask,
+            position_ids=step.inputs.position_ids,
+            attention_mask=step.inputs.attention_mask,
             use_cache=True,
             logits_to_keep=0 if all_logits else 1,
         ).logits
-    cache.finish_step()
-    return logits
+    return Forwarded(logits, step.eviction)

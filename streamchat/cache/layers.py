@@ -41,10 +41,10 @@ class _RingLayer(CacheLayerMixin):
         raise NotImplementedError("sink cache layers are written through SinkCache.update")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        raise NotImplementedError("the sink cache hands its masks to the model (SinkCache.begin_step)")
+        raise NotImplementedError("the sink cache hands its masks to the model (SinkCache.step)")
 
     def get_seq_length(self) -> int:
-        raise NotImplementedError("positions come from SinkCache.begin_step")
+        raise NotImplementedError("positions come from SinkCache.step")
 
     def get_max_length(self) -> int:
         return self.slots

@@ -1,19 +1,28 @@
 """SinkCache: the transformers Cache that streams a conversation through sinks + a rolling window.
 
     cache = SinkCache.for_model(model, sinks=4, window=2000)
-    logits = forward(model, cache, input_ids)   # streamchat.cache.feeding: any number of calls, forever
+    logits, eviction = forward(model, cache, input_ids)   # streamchat.cache.feeding: any number of calls, forever
 
-Each forward pass is framed by the cache: `begin_step(input_ids)` makes room, assigns
-the tokens' slots and positions and returns the position ids and attention masks the
-model runs with; the model's layers write through `update`; `finish_step()` closes
-the pass. A decode step into a cache whose sinks are full can instead be taken with
-device tensors only (`prepare_decode()` on the host, `decode_inputs(token)` in the
-step), so its shapes never change and it compiles to one graph.
+Each forward pass is one step of the cache, taken in one call:
+
+    with cache.step(input_ids) as step:    # room made (step.eviction: what left), slots and positions assigned
+        model(input_ids=input_ids, cache=cache, position_ids=step.inputs.position_ids,
+              attention_mask=step.inputs.attention_mask)   # the layers write through `update`
+
+Leaving the block closes the step; an exception from the model leaves the cache torn
+(is_consistent() is False) until it is reset. A decode step into a cache whose sinks
+are full can instead be taken with device tensors only, so its shapes never change and
+it compiles to one graph: `with cache.decode_step() as eviction:` plans it on the host,
+and the block runs `decode_inputs(token)` and the model, device work only.
+
+A step makes the room it needs. `evict_for_space(n)` makes room ahead, for a caller
+that wants more than the next step needs (the paper's per-turn policy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -54,6 +63,13 @@ class StepInputs(NamedTuple):
 
     position_ids: torch.Tensor  # [1, n]
     attention_mask: torch.Tensor | dict[str, torch.Tensor]  # 4D, or one per layer type
+
+
+class Step(NamedTuple):
+    """An open forward pass: what the model runs with, and what the cache evicted to make room for it."""
+
+    inputs: StepInputs
+    eviction: Eviction | None  # None: nothing had to leave
 
 
 class SinkCache(Cache):
@@ -120,7 +136,12 @@ class SinkCache(Cache):
         return self.ledger.stats()
 
     def evict_for_space(self, incoming: int) -> Eviction | None:
-        """Drop the oldest window tokens so that `incoming` more tokens fit; sinks stay."""
+        """Make room ahead: drop the oldest window tokens so that `incoming` more tokens fit; sinks stay.
+
+        A step makes the room it needs itself and returns what that evicted. Call this only
+        to make more room than the next step needs: the paper's per-turn policy makes room
+        for a prompt and its reply at once (TokenLoop.prefill's `reply_room`).
+        """
         count = self.ledger.overflow(incoming)
         self._freed.extend(self.ledger.ring.runs(self.ledger.ring.head, count))
         return self.ledger.evict(count)
@@ -133,53 +154,36 @@ class SinkCache(Cache):
         """False when a forward pass stopped half way (some layers missed it): reset, then refill."""
         return self._step is None
 
-    @torch.inference_mode()
-    def begin_step(self, input_ids: torch.Tensor) -> StepInputs:
-        """Frame a forward pass of input_ids [1, n]: room, slots, positions, masks."""
-        incoming = input_ids.shape[-1]
-        self._open(incoming)
-        sink_step = self.ledger.step(incoming)
-        sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
-        self._step, self._sliding_step = sink_step, sliding_step
-        window_slots = [(self.sinks + start, self.sinks + stop) for start, stop in sink_step.window_runs]
-        new_slots = slot_index([sink_step.sink_slots, *window_slots], self.device)
-        self._sync_occupancy()
-        self.occupancy.record(new_slots, input_ids[0])
-        self._rotation = self._sink_rotation() if self._placed_shift != sink_step.sink_shift else {}
-        held = self.occupancy.held[: sink_step.extent]
-        full = held if incoming == 1 else masks.chunk_mask(held, new_slots)
-        sliding = None
-        if sliding_step is not None:
-            if incoming == 1:
-                sliding = self.occupancy.sliding_held[: sliding_step.extent]
-            else:
-                kept = sum(stop - start for start, stop in sliding_step.kept)
-                sliding = masks.banded_causal(kept, incoming, self.sliding.sliding_window, self.device)
-        positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
-        return StepInputs(positions[None], self._attention_masks(full, sliding))
+    @contextmanager
+    def step(self, input_ids: torch.Tensor) -> Iterator[Step]:
+        """One forward pass of input_ids [1, n]: the model runs inside the block, under inference mode.
 
-    @torch.inference_mode()
-    def prepare_decode(self) -> None:
-        """Plan a one-token step on the host and hand its slots and angles to the device (no sync).
+        Entering makes room, assigns the tokens' slots and positions and yields the position
+        ids and masks the model runs with, and the eviction that made the room. Leaving
+        closes the pass. An exception from the block leaves the cache torn: some layers may
+        have written and others not, so is_consistent() is False until reset().
+        """
+        with torch.inference_mode():
+            eviction = self._open(input_ids.shape[-1])
+            yield Step(self._frame(input_ids), eviction)
+            self._close()
 
-        The step itself then runs `decode_inputs(token)` and the model: device work only.
+    @contextmanager
+    def decode_step(self) -> Iterator[Eviction | None]:
+        """One token's forward pass with device tensors only, once the sinks are full; yields its eviction.
+
+        Entering plans the step on the host and hands its slots and angles to the device (no
+        sync). The block then runs `decode_inputs(token)` and the model, device work only, the
+        same every step (compilable), under inference mode. Leaving closes the pass; an
+        exception from the block leaves the cache torn, as in step().
         """
         if not self.ledger.sinks_full:
-            raise CacheStateError("a decode step needs the sinks filled first; feed through begin_step")
-        self._open(1)
-        if sum(stop - start for start, stop in self._freed) > 1:
-            self._sync_occupancy()  # more than one token left since the last step: catch up here, eagerly
-        freed = self.sinks + self._freed[0][0] if self._freed else None
-        step = self.ledger.step(1)
-        write = self.sinks + step.window_runs[0][0]
-        values = [step.first_position, step.sink_shift, write, write if freed is None else freed, 0, 0]
-        if self.sliding is not None:
-            sliding_step = self.sliding.step(1)
-            values[SLIDING_WRITE] = sliding_step.runs[0][0]
-            values[SLIDING_FREE] = sliding_step.freed[0][0] if sliding_step.freed else values[SLIDING_WRITE]
-        self._freed = []
-        self.occupancy.send(values)
-        self._step = DECODE
+            raise CacheStateError("a decode step needs the sinks filled first; feed through cache.step")
+        with torch.inference_mode():
+            eviction = self._open(1)
+            self._plan_decode()
+            yield eviction
+            self._close()
 
     def decode_inputs(self, token: torch.Tensor) -> StepInputs:
         """The device half of a decode step for token [1, 1]: tensor operations only, the same every step."""
@@ -190,14 +194,6 @@ class SinkCache(Cache):
         full = occupancy.held[: self._decode_extent(sliding=False)]
         position_ids = occupancy.slot(POSITION).reshape(1, 1)
         return StepInputs(position_ids, self._attention_masks(full, sliding))
-
-    def finish_step(self) -> None:
-        """Close the forward pass begun by begin_step or prepare_decode (all layers have written)."""
-        if self._step == DECODE:
-            self._placed_shift = None  # a decode step places the sinks itself, at a shift only the device saw
-        elif self._step is not None and self._rotation:
-            self._placed_shift = self._step.sink_shift
-        self._step = self._sliding_step = None
 
     def mark_static(self) -> None:
         """Give the storage fixed addresses for CUDA graphs, which a compiled decode step writes into."""
@@ -272,13 +268,61 @@ class SinkCache(Cache):
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _open(self, incoming: int) -> None:
-        """Start a step of `incoming` tokens: room first, then a rebase if one is due."""
+    def _open(self, incoming: int) -> Eviction | None:
+        """Start a step of `incoming` tokens: room first, then a rebase if one is due; return the eviction."""
         if not self.is_consistent():
             raise CacheStateError("a forward pass stopped half way (some layers missed it): reset the cache")
-        self.evict_for_space(incoming)
+        eviction = self.evict_for_space(incoming)
         if self.ledger.rebase_due:
             self.rebase()
+        return eviction
+
+    def _frame(self, input_ids: torch.Tensor) -> StepInputs:
+        """Assign slots and positions to input_ids [1, n] (room made) and build the step's inputs."""
+        incoming = input_ids.shape[-1]
+        sink_step = self.ledger.step(incoming)
+        sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
+        self._step, self._sliding_step = sink_step, sliding_step
+        window_slots = [(self.sinks + start, self.sinks + stop) for start, stop in sink_step.window_runs]
+        new_slots = slot_index([sink_step.sink_slots, *window_slots], self.device)
+        self._sync_occupancy()
+        self.occupancy.record(new_slots, input_ids[0])
+        self._rotation = self._sink_rotation() if self._placed_shift != sink_step.sink_shift else {}
+        held = self.occupancy.held[: sink_step.extent]
+        full = held if incoming == 1 else masks.chunk_mask(held, new_slots)
+        sliding = None
+        if sliding_step is not None:
+            if incoming == 1:
+                sliding = self.occupancy.sliding_held[: sliding_step.extent]
+            else:
+                kept = sum(stop - start for start, stop in sliding_step.kept)
+                sliding = masks.banded_causal(kept, incoming, self.sliding.sliding_window, self.device)
+        positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
+        return StepInputs(positions[None], self._attention_masks(full, sliding))
+
+    def _plan_decode(self) -> None:
+        """Plan a one-token step (room made) on the host and send its slots and angles to the device."""
+        if sum(stop - start for start, stop in self._freed) > 1:
+            self._sync_occupancy()  # more than one token left since the last step: catch up here, eagerly
+        freed = self.sinks + self._freed[0][0] if self._freed else None
+        step = self.ledger.step(1)
+        write = self.sinks + step.window_runs[0][0]
+        values = [step.first_position, step.sink_shift, write, write if freed is None else freed, 0, 0]
+        if self.sliding is not None:
+            sliding_step = self.sliding.step(1)
+            values[SLIDING_WRITE] = sliding_step.runs[0][0]
+            values[SLIDING_FREE] = sliding_step.freed[0][0] if sliding_step.freed else values[SLIDING_WRITE]
+        self._freed = []
+        self.occupancy.send(values)
+        self._step = DECODE
+
+    def _close(self) -> None:
+        """Close the step once every layer has written."""
+        if self._step == DECODE:
+            self._placed_shift = None  # a decode step places the sinks itself, at a shift only the device saw
+        elif self._step is not None and self._rotation:
+            self._placed_shift = self._step.sink_shift
+        self._step = self._sliding_step = None
 
     def _sync_occupancy(self) -> None:
         self.occupancy.sync(self.ledger, self.sliding)

@@ -41,7 +41,7 @@ from streamchat.generation.settings import GenerationSettings
 
 
 def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
-    """One decode step for token [1, 1], after cache.prepare_decode(): logits [1, 1, vocab]. Compilable."""
+    """The body of `with cache.decode_step()` for token [1, 1]: logits [1, 1, vocab]. Compilable."""
     inputs = cache.decode_inputs(token)
     return model(
         input_ids=token,
@@ -173,19 +173,17 @@ class Decoder:
         return penalize_held(row, occupancy.token_ids, occupancy.held, penalty)
 
     def _feed(self, token: torch.Tensor) -> Eviction | None:
-        """Feed token [1] through the cache; keep the logits after it."""
+        """Feed token [1] through the cache; keep the logits after it, return what feeding it evicted."""
         cache = self.cache
         self._checkpoint, self._previous_row = Checkpoint.take(cache), self._row
-        eviction = cache.evict_for_space(1)
         token = token.reshape(1, 1)
         if not cache.ledger.sinks_full:
-            self._row = self._last_row(forward(self.model, cache, token))
+            logits, eviction = forward(self.model, cache, token)
+            self._row = self._last_row(logits)
             return eviction
-        with torch.inference_mode():
-            cache.prepare_decode()
+        with cache.decode_step() as eviction:
             logits = self._compiled_call(token) if self.compiled else self._step_fn(self.model, cache, token)
             self._row = self._last_row(logits)
-        cache.finish_step()
         return eviction
 
     def _compiled_call(self, token: torch.Tensor) -> torch.Tensor:

@@ -114,7 +114,7 @@ class TokenLoop:
         if wanted < len(prompt):
             yield PromptSkipped(len(prompt), wanted, "too_long")
         if reply_room is not None:
-            yield from self._evict_for(min(wanted + reply_room, self.cache.window))
+            yield from self._make_room(min(wanted + reply_room, self.cache.window))
         before = self.cache.stats()
         logits, read = yield from self._read_prompt(head, tail, len(prompt) - wanted, message)
         prefilled = time.perf_counter()
@@ -166,10 +166,13 @@ class TokenLoop:
         with torch.inference_mode():
             for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
                 chunk = token_ids[start : start + size]
-                yield from self._evict_for(size)
                 with out_of_memory_reported(self.device, f"reading {size} tokens"):
-                    logits = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+                    logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+                # The mirror forgets what left before it takes the chunk, as the cache did.
+                evicted = self._evicted(eviction) if eviction is not None else None
                 self.mirror.append(chunk, message)
+                if evicted is not None:
+                    yield evicted
                 start += size
         return logits
 
@@ -203,8 +206,8 @@ class TokenLoop:
             self.mirror.skip(skipped_after, message)
         return logits, progress.read
 
-    def _evict_for(self, incoming: int) -> Generator[Event, None, None]:
-        """Make room for `incoming` tokens; report what that evicted."""
+    def _make_room(self, incoming: int) -> Generator[Event, None, None]:
+        """Make room ahead for `incoming` tokens; report what that evicted."""
         eviction = self.cache.evict_for_space(incoming)
         if eviction is not None:
             yield self._evicted(eviction)

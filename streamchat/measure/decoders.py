@@ -78,8 +78,8 @@ class StreamingDecoder(_Sampling):
 
     def feed(self, input_ids: torch.Tensor) -> None:
         """Stream ids [1, n] through the cache in prefill chunks, as the engine feeds a prompt."""
-        for _, logits in prefill_chunks(self.model, self.cache, input_ids, defaults.PREFILL_CHUNK):
-            self.logits = logits
+        for chunk in prefill_chunks(self.model, self.cache, input_ids, defaults.PREFILL_CHUNK):
+            self.logits = chunk.logits
         self.decoder.start(self.logits, self.settings, self.sampler)
 
     def step(self) -> None:

@@ -60,8 +60,8 @@ def streaming_nll(
     """
     cache, collector = SinkCache.for_model(model, sinks, window), _Collector(on_scored)
     with torch.inference_mode():
-        for chunk_ids, logits in prefill_chunks(model, cache, ids, chunk_size=chunk, all_logits=True):
-            collector.add(chunk_ids[0], logits[0])
+        for fed in prefill_chunks(model, cache, ids, chunk_size=chunk, all_logits=True):
+            collector.add(fed.ids[0], fed.logits[0])
     return collector.result()
 
 

@@ -47,12 +47,10 @@ def stream(model, *, follow: bool, step=decode_step, sinks: int = SINKS) -> tupl
             ids = tokens[fed : fed + count][None]
             fed += count
             if count == 1 and real.ledger.sinks_full:
-                real.evict_for_space(1)
-                real.prepare_decode()
-                ours = step(model, real, ids)[0, -1].float()
-                real.finish_step()
+                with real.decode_step():
+                    ours = step(model, real, ids)[0, -1].float()
             else:
-                ours = forward(model, real, ids)[0, -1].float()
+                ours = forward(model, real, ids).logits[0, -1].float()
             reference.evict_for_space(count)
             if follow:
                 reference.follow(real.get_seq_length() - count)

@@ -1,8 +1,8 @@
 """The sink cache alone, on synthetic keys: geometry, precision over a million tokens, cost, snapshots.
 
 Token t has a known key before RoPE (`raw_key(t)`, float64). The test plays the model:
-it frames each step with the cache (begin_step, or prepare_decode and decode_inputs),
-rotates the key once at the position the cache hands out, rounds it to the storage
+it takes each step through the cache (`with cache.step(ids)`, or `with cache.decode_step()`
+and decode_inputs), rotates the key once at the position the cache hands out, rounds it to the storage
 dtype, and feeds it. Token identities ride in the values (base-16 digits: exact in any
 dtype), so the test reads which token each slot the last query may see holds, without
 asking the cache.
@@ -83,18 +83,19 @@ class Player:
         self.rope = Rope(layout, inv_freq)
         self.dtype = dtype
         self.seen = 0
+        self.eviction = None  # what the last step evicted
 
     def feed(self, count: int):
         """Feed the next `count` tokens in one eager step; return what the last query sees, and its position."""
-        inputs = self.cache.begin_step(torch.arange(self.seen, self.seen + count)[None])
-        return self._write(count, inputs)
+        with self.cache.step(torch.arange(self.seen, self.seen + count)[None]) as step:
+            self.eviction = step.eviction
+            return self._write(count, step.inputs)
 
     def decode(self):
         """Feed the next token through the device-only decode step."""
-        self.cache.evict_for_space(1)
-        self.cache.prepare_decode()
-        inputs = self.cache.decode_inputs(torch.tensor([[self.seen]]))
-        return self._write(1, inputs)
+        with self.cache.decode_step() as eviction:
+            self.eviction = eviction
+            return self._write(1, self.cache.decode_inputs(torch.tensor([[self.seen]])))
 
     def _write(self, count: int, inputs):
         tokens = torch.arange(self.seen, self.seen + count)
@@ -102,9 +103,7 @@ class Player:
         keys = self.rope(raw_key(tokens), positions).to(self.dtype)[None]
         values = torch.zeros(1, HEADS, count, HEAD_DIM, dtype=self.dtype)
         values[..., :5] = encode_tokens(tokens, self.dtype)
-        with torch.inference_mode():
-            keys, values = self.cache.update(keys, values, 0)
-        self.cache.finish_step()
+        keys, values = self.cache.update(keys, values, 0)
         self.seen += count
         visible = inputs.attention_mask[0, 0, -1]
         return (keys[:, :, visible], values[:, :, visible]), positions[-1].item()
@@ -277,15 +276,61 @@ def test_rolling_back_a_decode_step_is_exact():
         assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
-def test_an_interrupted_forward_pass_is_detected():
+def test_each_step_returns_exactly_the_eviction_the_ledger_made_for_it():
+    player = Player(sinks=4, window=10, dtype=torch.float32)
+    player.feed(14)
+    assert player.eviction is None  # it fit
+    evictions = []
+    for count in [3, 1, 1, 10, 1]:
+        ledger = player.cache.ledger.copy()
+        expected = ledger.evict(ledger.overflow(count))
+        player.feed(count) if count > 1 else player.decode()
+        assert player.eviction == expected  # stream indices and occupancy alike
+        evictions.append(player.eviction)
+    assert [(e.count, e.first_index, e.last_index) for e in evictions] == [
+        (3, 4, 6),
+        (1, 7, 7),
+        (1, 8, 8),
+        (10, 9, 18),
+        (1, 19, 19),
+    ]
+    assert player.cache.stats().evicted == 16
+
+
+def test_a_forward_pass_that_raises_leaves_the_cache_torn_until_reset():
     spec = LayerSpec(INV_FREQ.float())
     cache = SinkCache([spec, spec], sinks=2, window=8)
     keys = torch.zeros(1, HEADS, 1, HEAD_DIM)
-    cache.begin_step(torch.zeros(1, 1, dtype=torch.long))
-    cache.update(keys, keys, 0)  # layer 1 never runs: the pass stopped half way
+    token = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="the model failed"), cache.step(token):
+        cache.update(keys, keys, 0)
+        raise RuntimeError("the model failed")  # layer 1 never runs: the pass stopped half way
     assert not cache.is_consistent()
+    with pytest.raises(CacheStateError, match="forward pass stopped half way"), cache.step(token):
+        pass
+    cache.reset()
+    with cache.step(token):
+        cache.update(keys, keys, 0)
+        cache.update(keys, keys, 1)
+    assert cache.is_consistent() and cache.stats().seen == 1
+
+
+def test_a_decode_step_that_raises_leaves_the_cache_torn():
+    player = Player(sinks=4, window=10, dtype=torch.float32)
+    player.feed(14)
+    with pytest.raises(RuntimeError, match="the model failed"), player.cache.decode_step():
+        raise RuntimeError("the model failed")
+    assert not player.cache.is_consistent()
     with pytest.raises(CacheStateError, match="forward pass stopped half way"):
-        cache.begin_step(torch.zeros(1, 1, dtype=torch.long))
+        player.decode()
+
+
+def test_a_decode_step_before_the_sinks_are_full_is_refused_with_the_way_out():
+    player = Player(sinks=4, window=10, dtype=torch.float32)
+    player.feed(3)
+    with pytest.raises(CacheStateError, match=r"needs the sinks filled first; feed through cache\.step"):
+        player.decode()
+    assert player.cache.is_consistent() and player.cache.stats().seen == 3
 
 
 def test_a_model_called_without_the_cache_s_step_is_refused_with_the_way_out():

@@ -23,7 +23,7 @@ def stream(model, backend: str | None, settings: GenerationSettings) -> list[int
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder = Decoder(model, cache, compile_backend=backend)
-    decoder.start(forward(model, cache, prompt), settings, Sampler(seed=11))
+    decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
     tokens = [decoder.next().token for _ in range(STEPS)]
     assert cache.stats().evicted == PROMPT + STEPS - SINKS - WINDOW
     assert cache.ledger.position_offset > 0  # rebased on the way
@@ -49,7 +49,7 @@ def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened():
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder = Decoder(model, cache)
-    decoder.start(forward(model, cache, prompt), greedy, Sampler(seed=11))
+    decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
     tokens = []
     for step in range(STEPS):
         token = decoder.next().token
@@ -58,6 +58,21 @@ def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened():
             assert decoder.next().token == token
         tokens.append(token)
     assert tokens == straight
+
+
+def test_each_token_comes_with_what_feeding_it_evicted():
+    model = tiny_model("llama")
+    cache = SinkCache.for_model(model, SINKS, WINDOW)
+    prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    decoder = Decoder(model, cache)
+    fed = forward(model, cache, prompt)
+    assert fed.eviction is None
+    decoder.start(fed.logits, GenerationSettings(temperature=0.0), Sampler(seed=11))
+    evictions = [decoder.next().eviction for _ in range(100)]
+    # The window fills with the 44th reply token; from then on each token evicts the oldest one.
+    assert evictions[:44] == [None] * 44
+    assert [(e.count, e.first_index, e.last_index) for e in evictions[44:]] == [(1, i, i) for i in range(4, 60)]
+    assert cache.stats().evicted == 56
 
 
 @pytest.mark.parametrize(
@@ -83,7 +98,7 @@ def test_a_stop_requested_before_a_step_feeds_nothing_and_returns_none():
     model = tiny_model("llama")
     cache = SinkCache.for_model(model, 4, 30)
     decoder = Decoder(model, cache)
-    logits = forward(model, cache, torch.tensor([[1, 5, 9]]))
+    logits = forward(model, cache, torch.tensor([[1, 5, 9]])).logits
     decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
     seen = cache.stats().seen
     assert decoder.next(stop_requested=True) is None
