@@ -101,6 +101,7 @@ class Turn:
         journal.record_user(state, self.request.text)
         if conversation.id is None:
             raise ApiError(500, journal.failure or "the conversation could not be journaled", kind="server_error")
+        self.pool.conversations[conversation.id] = conversation  # named by its id from now on, busy or not
         before = session.cache_stats()
         yield Started(conversation.id, before)
         prompt_length = None
