@@ -60,12 +60,23 @@ def scripted() -> tuple[Any, Any]:
 
 @pytest.fixture(scope="session")
 def endless() -> tuple[Any, Any]:
-    """A random llama whose replies never end by themselves (its special tokens' logits are zero)."""
+    """A random llama whose replies never end by themselves, and stream text at every token.
+
+    Its output rows are zeroed for the special tokens and for every token that is not whole
+    ASCII text by itself: among hundreds of random logits, a logit of 0 is never the largest, so
+    replies run to the length limit and each token is a text delta (none is held back waiting
+    for the rest of a character).
+    """
     tokenizer = byte_level_tokenizer()
     model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB))
-    special = sorted(set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    special = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    silent = [
+        token
+        for token in range(VOCAB)
+        if token in special or not (text := tokenizer.decode([token])) or not text.isascii() or not text.isprintable()
+    ]
     with torch.no_grad():
-        model.get_output_embeddings().weight[special] = 0
+        model.get_output_embeddings().weight[silent] = 0
     return model, tokenizer
 
 

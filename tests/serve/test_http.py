@@ -131,7 +131,8 @@ def test_a_second_request_for_a_busy_conversation_is_a_409(start_server, endless
     body = {"messages": HELLO, "stream": True, "max_tokens": 5000}
     with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
         conversation = response.headers["x-streamchat-conversation"]
-        next(response.iter_lines())
+        lines = response.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
         busy = server.post({"messages": HELLO}, headers={"X-Streamchat-Conversation": conversation})
         assert (busy.status_code, busy.json()["error"]["code"]) == (409, "conversation_busy")
     wait_idle(server)
@@ -141,7 +142,8 @@ def test_past_the_waiting_requests_a_429_says_when_to_retry(start_server, endles
     server = start_server(endless, max_conversations=1, max_waiting=0)
     body = {"messages": HELLO, "stream": True, "max_tokens": 5000}
     with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
-        next(response.iter_lines())
+        lines = response.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
         full = server.post({"messages": [{"role": "user", "content": "another"}]})
         assert (full.status_code, full.headers["retry-after"]) == (429, "1")
         with pytest.raises(openai.RateLimitError):
