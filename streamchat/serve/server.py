@@ -67,7 +67,8 @@ def run_server(
     finally:
         worker.close()
         listener.close()
-    stderr.print(f"stopped; {len(pool.conversations)} conversations saved in {served.sessions}")
+    count = len(pool.conversations)
+    stderr.print(safe_text(f"stopped; {count} conversation{'' if count == 1 else 's'} saved in {served.sessions}"))
     return TERMINATED_EXIT_CODE if server.received == signal.SIGTERM else 0
 
 
