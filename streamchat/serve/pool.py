@@ -187,6 +187,16 @@ class ConversationPool:
         conversation.session = None
         self._free.append(session)
 
+    def drop(self, conversation: Conversation) -> None:
+        """A turn failed half way: the session's cache may be torn, so it is emptied and given back; the
+        conversation is read again from its journal when next asked for."""
+        session = conversation.session
+        if session is not None:
+            session.reset()
+            conversation.session = None
+            conversation.rendered_tokens = 0
+            self._free.append(session)
+
     def park_all(self) -> None:
         """Every live conversation's state written (the server is stopping), every journal closed."""
         for conversation in list(self.conversations.values()):
@@ -226,8 +236,9 @@ class ConversationPool:
             yield STEP
         if isinstance(why, str):
             log.info("conversation %s replayed: %s", conversation.id, why)
-        messages = session.transcript
-        conversation.rendered_tokens = sum(len(ids) for ids in session.chat_format.conversation_ids(messages))
+        if not conversation.rendered_tokens:  # a parked conversation knows its length; a new or saved one is counted
+            feeds = session.chat_format.conversation_ids(session.transcript)
+            conversation.rendered_tokens = sum(len(ids) for ids in feeds)
         return read
 
     def _journal(self) -> Journal:

@@ -1,4 +1,4 @@
-"""The server process: load the model once, bind, serve through uvicorn until Ctrl-C or SIGTERM, save.
+"""The server process: bind, load the model once, serve through uvicorn until Ctrl-C or SIGTERM, save.
 
 On a signal, every reply in flight stops within a step and is journaled, uvicorn lets the
 streams end, then every live conversation's state is written beside its journal.
@@ -32,40 +32,41 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 def run_server(
     config: RunConfig, host: str, port: int, max_conversations: int, max_waiting: int, options: HttpOptions
 ) -> int:
-    """Load, bind, serve until a signal; the exit code."""
+    """Bind, load, serve until a signal; the exit code."""
     from streamchat.loading import load_model
 
-    notify(f"loading {config.model} ...")
-    loaded = load_model(load_options(config), notify=notify)
-    served = Served(
-        name=loaded.source.name,
-        new_session=lambda: session_for(config, loaded),
-        key=state_key(config, loaded),
-        sessions=data_dir() / "sessions",
-        cache_layout={"keep": config.keep, "window": config.window},
-    )
-    pool = ConversationPool(served, max_conversations)
-    pool.start()
-    listener = _bind(host, port)
-    worker = Worker(pool, max_conversations + max_waiting)
-    worker.start()
-    app = create_app(worker, pool, options)
-    server = StoppingServer(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        ),
-        worker,
-    )
-    shown = f"[{host}]" if ":" in host else host
-    stderr.print(safe_text(f"serving {loaded.source.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
+    listener = _bind(host, port)  # first: a port in use is said at once, not after the model loads
     try:
-        server.run(sockets=[listener])
+        notify(f"loading {config.model} ...")
+        loaded = load_model(load_options(config), notify=notify)
+        served = Served(
+            name=loaded.source.name,
+            new_session=lambda: session_for(config, loaded),
+            key=state_key(config, loaded),
+            sessions=data_dir() / "sessions",
+            cache_layout={"keep": config.keep, "window": config.window},
+        )
+        pool = ConversationPool(served, max_conversations)
+        pool.start()
+        worker = Worker(pool, max_conversations + max_waiting)
+        worker.start()
+        try:
+            server = StoppingServer(
+                uvicorn.Config(
+                    create_app(worker, pool, options),
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="off",
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+                ),
+                worker,
+            )
+            shown = f"[{host}]" if ":" in host else host
+            stderr.print(safe_text(f"serving {loaded.source.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
+            server.run(sockets=[listener])
+        finally:
+            worker.close()
     finally:
-        worker.close()
         listener.close()
     count = len(pool.conversations)
     stderr.print(safe_text(f"stopped; {count} conversation{'' if count == 1 else 's'} saved in {served.sessions}"))

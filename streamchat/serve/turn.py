@@ -69,6 +69,9 @@ class Turn:
         taken = yield from self.pool.take(conversation, history, system)
         try:
             yield from self._answer(taken)
+        except BaseException:
+            self.pool.drop(conversation)
+            raise
         finally:
             self.pool.release(conversation)
 
@@ -81,8 +84,8 @@ class Turn:
             try:
                 return self.pool.named(found), None, None
             except ApiError as error:
-                if error.status != 409 or self.pool.conversations.get(found) is not None:
-                    raise  # a journal another streamchat holds: this history starts a new conversation
+                if error.status != 409:
+                    raise  # 409 here: a journal another streamchat holds, so this history starts a new conversation
         return self.pool.new(), self.request.history, system
 
     def _answer(self, taken: Taken) -> Iterator[Item | Step]:

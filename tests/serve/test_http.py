@@ -10,6 +10,7 @@ import pytest
 from streamchat.serve.openai_api import Limits
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import REPLY, wait_idle
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES, scripted_model_and_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 
@@ -49,7 +50,7 @@ def test_a_streamed_reply_is_chunks_then_usage_then_done(start_server, scripted)
     assert [chunk["choices"][0]["finish_reason"] for chunk in chunks[:-1]] == [None] * (len(chunks) - 2) + ["stop"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 7
     # The openai client reads the same stream.
-    stream = server.client.chat.completions.create(model="tiny", messages=HELLO, stream=True)
+    stream = server.client.chat.completions.create(model="tiny", messages=HELLO, stream=True, max_tokens=40)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == REPLY
 
 
@@ -149,3 +150,14 @@ def test_past_the_waiting_requests_a_429_says_when_to_retry(start_server, endles
         with pytest.raises(openai.RateLimitError):
             server.client.chat.completions.create(model="tiny", messages=HELLO)
     wait_idle(server)
+
+
+def test_json_carries_the_model_text_exactly(start_server) -> None:
+    """The terminal's escaping is for terminals: a reply full of escape sequences arrives byte for byte."""
+    server = start_server(scripted_model_and_tokenizer(HOSTILE_REPLY_PIECES))
+    whole = server.client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=40)
+    assert whole.choices[0].message.content == "".join(HOSTILE_REPLY_PIECES)
+    stream = server.client.chat.completions.create(model="tiny", messages=HELLO, stream=True, max_tokens=40)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == "".join(
+        HOSTILE_REPLY_PIECES
+    )
