@@ -84,7 +84,8 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
         summaries, _ = await run_in_threadpool(list_sessions, pool.served.sessions)
         for summary in summaries:
             if summary.path.suffix == ".jsonl" and summary.path.stem not in held:
-                listed.append({"id": summary.path.stem, "object": "conversation", "state": "saved"})
+                state = "parked" if pool.is_parked(summary.path.stem) else "saved"
+                listed.append({"id": summary.path.stem, "object": "conversation", "state": state})
         return JSONResponse({"object": "list", "data": listed})
 
     async def chat_completions(request: Request) -> Response:

@@ -6,8 +6,9 @@ is continued here the same way (its journal claimed, its cache state restored wh
 
 At most `max_live` conversations hold a ChatSession (a cache) at once. Past that, the least
 recently used idle one is parked: its exact state is written beside its journal and its
-session handed to the next conversation; a request for it later restores that state, exactly,
-without a replay. Only the worker thread (streamchat.serve.worker) touches the pool.
+session handed to the next conversation, and its journal let go; a request for it later opens
+the journal again and restores that state, exactly, without a replay. Only the worker thread
+(streamchat.serve.worker) touches the pool.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class ConversationPool:
     conversations: dict[str, Conversation] = field(default_factory=dict)
     _free: list[ChatSession] = field(default_factory=list)
     _made: int = 0
+    _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
     _clock: itertools.count = field(default_factory=itertools.count)
     base_settings: dict[str, str] = field(default_factory=dict)  # a new session's, set by start()
     default_system: str | None = None
@@ -131,7 +133,7 @@ class ConversationPool:
             raise ApiError(409, str(error), code="conversation_unavailable") from None
         journal = self._journal()
         journal.resume(path, saved, descriptor)
-        conversation = Conversation(journal)
+        conversation = Conversation(journal, rendered_tokens=self._lengths.pop(conversation_id, 0))
         self.conversations[conversation_id] = conversation
         return conversation
 
@@ -172,20 +174,24 @@ class ConversationPool:
     # ---- parking -------------------------------------------------------------------------------------
 
     def park(self, conversation: Conversation) -> None:
-        """Write `conversation`'s exact state beside its journal and give its session back."""
+        """Write `conversation`'s exact state beside its journal, give its session back and let go of its
+        journal (a parked conversation holds no file open: `run --resume` may take it meanwhile)."""
         session = conversation.session
-        if session is None:
-            return
         path = conversation.journal.path
-        if path is not None and self.served.key is not None:
+        if session is not None and path is not None and self.served.key is not None:
             state = session.snapshot(tensors=True)
             if state.tensors is not None:
                 try:
                     write_state(state_path(path), state, self.served.key)
                 except SessionFileError as error:
                     log.warning("%s; it will be replayed", error)
-        conversation.session = None
-        self._free.append(session)
+        if session is not None:
+            conversation.session = None
+            self._free.append(session)
+        conversation.journal.close()
+        if conversation.id is not None:
+            self.conversations.pop(conversation.id, None)
+            self._lengths[conversation.id] = conversation.rendered_tokens
 
     def drop(self, conversation: Conversation) -> None:
         """A turn failed half way: the session's cache may be torn, so it is emptied and given back; the
@@ -201,7 +207,9 @@ class ConversationPool:
         """Every live conversation's state written (the server is stopping), every journal closed."""
         for conversation in list(self.conversations.values()):
             self.park(conversation)
-            conversation.journal.close()
+
+    def is_parked(self, conversation_id: str) -> bool:
+        return conversation_id in self._lengths
 
     def _session(self) -> Generator[Step, None, ChatSession]:
         while True:
@@ -236,7 +244,7 @@ class ConversationPool:
             yield STEP
         if isinstance(why, str):
             log.info("conversation %s replayed: %s", conversation.id, why)
-        if not conversation.rendered_tokens:  # a parked conversation knows its length; a new or saved one is counted
+        if not conversation.rendered_tokens:  # a parked conversation's length was kept; a new or saved one is counted
             feeds = session.chat_format.conversation_ids(session.transcript)
             conversation.rendered_tokens = sum(len(ids) for ids in feeds)
         return read

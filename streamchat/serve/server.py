@@ -68,8 +68,7 @@ def run_server(
             worker.close()
     finally:
         listener.close()
-    count = len(pool.conversations)
-    stderr.print(safe_text(f"stopped; {count} conversation{'' if count == 1 else 's'} saved in {served.sessions}"))
+    stderr.print(safe_text(f"stopped; every conversation is saved in {served.sessions}"))
     return TERMINATED_EXIT_CODE if server.received == signal.SIGTERM else 0
 
 

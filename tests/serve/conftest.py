@@ -93,6 +93,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         api_key: str | None = None,
         limits: Limits | None = None,
         sessions: Path | None = None,
+        cors: tuple[str, ...] = (),
     ) -> RunningServer:
         model, tokenizer = model_and_tokenizer
         sessions = sessions or tmp_path / f"sessions-{len(stops)}"
@@ -107,7 +108,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         pool.start()
         worker = Worker(pool, max_conversations + max_waiting)
         worker.start()
-        app = create_app(worker, pool, HttpOptions(api_key=api_key, limits=limits or Limits()))
+        app = create_app(worker, pool, HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits()))
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)

@@ -161,3 +161,23 @@ def test_json_carries_the_model_text_exactly(start_server) -> None:
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == "".join(
         HOSTILE_REPLY_PIECES
     )
+
+
+def test_cors_is_off_unless_an_origin_is_given(start_server, scripted) -> None:
+    preflight = {
+        "Origin": "https://chat.example.org",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
+    closed = start_server(scripted)
+    assert (
+        "access-control-allow-origin"
+        not in closed.http.options(f"{closed.url}/v1/chat/completions", headers=preflight).headers
+    )
+    opened = start_server(scripted, cors=("https://chat.example.org",))
+    allowed = opened.http.options(f"{opened.url}/v1/chat/completions", headers=preflight)
+    assert (allowed.status_code, allowed.headers["access-control-allow-origin"]) == (200, "https://chat.example.org")
+    reply = opened.post({"messages": HELLO}, headers={"Origin": "https://chat.example.org"})
+    assert "x-streamchat-conversation" in reply.headers["access-control-expose-headers"].lower()
+    other = {**preflight, "Origin": "https://elsewhere.example"}
+    assert opened.http.options(f"{opened.url}/v1/chat/completions", headers=other).status_code == 400

@@ -46,7 +46,8 @@ def test_parked_conversations_go_on_exactly_as_if_never_parked(start_server, end
     # Each was parked beside its journal (and restored from there) while the other answered.
     assert len(list(parking.sessions.glob("*.cache.safetensors"))) == 2
     assert list(live.sessions.glob("*.cache.safetensors")) == []
-    assert sum(conversation.session is not None for conversation in parking.pool.conversations.values()) == 1
+    listed = parking.http.get(f"{parking.url}/v1/conversations").json()["data"]
+    assert sorted(entry["state"] for entry in listed) == ["live", "parked"]
 
 
 def test_a_client_gone_mid_stream_stops_the_reply_and_keeps_it(start_server, endless) -> None:
