@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
+from streamchat.errors import ConfigError
 from streamchat.generation.events import PromptSkipped, TextDelta, TurnFinished
-from streamchat.serve.openai_api import ApiError, ChatRequest
+from streamchat.serve.openai_api import ApiError, ChatRequest, Message
 from streamchat.serve.pool import STEP, Conversation, ConversationPool, Step, Taken
 
 # The settings a request may set; one it leaves out gets the server's.
@@ -75,7 +76,7 @@ class Turn:
         finally:
             self.pool.release(conversation)
 
-    def _conversation(self) -> tuple[Conversation, list | None, str | None]:
+    def _conversation(self) -> tuple[Conversation, list[Message] | None, str | None]:
         if self.named is not None:
             return self.pool.named(self.named), None, None
         system = self.pool.system_for(self.request.system)
@@ -84,8 +85,8 @@ class Turn:
             try:
                 return self.pool.named(found), None, None
             except ApiError as error:
-                if error.status != 409:
-                    raise  # 409 here: a journal another streamchat holds, so this history starts a new conversation
+                if error.status not in (404, 409):
+                    raise  # its journal is gone, or another streamchat holds it: this history starts a new conversation
         return self.pool.new(), self.request.history, system
 
     def _answer(self, taken: Taken) -> Iterator[Item | Step]:
@@ -97,7 +98,10 @@ class Turn:
         for name in REQUEST_SETTINGS:
             value = self.request.settings.get(name, self.pool.base_settings.get(name))
             if value is not None and current.get(name) != value:
-                session.set_option(name, value)
+                try:
+                    session.set_option(name, value)
+                except ConfigError as error:
+                    raise ApiError(400, str(error), param=name) from None
         state = session.snapshot(tensors=False)
         journal = conversation.journal
         journal.record(state)  # a new conversation's history and settings, a known one's new settings
