@@ -1,4 +1,4 @@
-"""The `streamchat` console script, the top of the house: it wires the app's commands and the bench's.
+"""The `streamchat` console script, the top of the house: it wires the app's commands, the server and the bench.
 
 torch and transformers are imported only by the commands that load a model, so
 `--version`, `--help` and `models` answer at once.
@@ -16,6 +16,7 @@ from streamchat.app import cli as app_commands
 from streamchat.app.tensor_parallel import with_optional_tp_value
 from streamchat.bench.commands import bench_app
 from streamchat.interface import signals
+from streamchat.serve.command import serve
 
 app = typer.Typer(
     name="streamchat",
@@ -28,6 +29,7 @@ app.command()(app_commands.models)
 app.command()(app_commands.sessions)
 app.command()(app_commands.info)
 app.command(epilog=app_commands.RUN_EPILOG)(app_commands.run)
+app.command()(serve)
 app.add_typer(bench_app, name="bench")
 
 

@@ -109,3 +109,17 @@ TP_AUTO = "auto"
 TP_REPORT_ENV = "STREAMCHAT_TP_REPORT"
 # bench speed --tp: decode steps timed in one reply.
 TP_BENCH_STEPS = 64
+
+# `streamchat serve`: where it listens, how many conversations keep a live cache (the least
+# recently used idle one is parked on disk past that), how many requests may wait for the worker.
+SERVE_HOST = "127.0.0.1"
+SERVE_PORT = 8000
+SERVE_MAX_CONVERSATIONS = 4
+SERVE_MAX_WAITING = 16
+SERVE_API_KEY_ENV = "STREAMCHAT_API_KEY"
+# What one request may carry: its body, its messages, the text of one message.
+SERVE_MAX_BODY_BYTES = 8 * 1024 * 1024
+SERVE_MAX_MESSAGES = 10_000
+SERVE_MAX_MESSAGE_CHARS = 1_000_000
+# What a 429 tells the client to wait before trying again, in seconds.
+SERVE_RETRY_AFTER_SECONDS = 1

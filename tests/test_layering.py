@@ -1,8 +1,8 @@
 """The house's floors, read from the imports: no module imports from a floor above its own.
 
 cache < placement < loading < generation < conversation < storage < distributed < interface < measure
-< app, bench < cli < __main__. The app and the
-bench share a floor and import nothing from each other; the cache imports only torch,
+< app, bench, serve < cli < __main__. The app, the
+bench and the server share a floor and import nothing from each other; the cache imports only torch,
 transformers and streamchat.errors.
 """
 
@@ -27,7 +27,7 @@ FLOORS = [
     {"distributed"},
     {"interface"},
     {"measure"},
-    {"app", "bench"},
+    {"app", "bench", "serve"},
     {"cli"},
     {"__main__"},
 ]

@@ -21,14 +21,17 @@ from streamchat.app.listings import catalog_record, model_summary, models_table,
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
 from streamchat.interface.config import config_file_location, load_options, load_run_config
 from streamchat.interface.options import (
+    CACHE_PANEL,
     AllowPickleOption,
     DeviceMapOption,
     DeviceOption,
     DtypeOption,
+    KeepOption,
     ModelOption,
     QuantizeOption,
     TpOption,
     TrustRemoteCodeOption,
+    WindowOption,
     choices,
     given_options,
     option,
@@ -48,7 +51,8 @@ RUN_EPILOG = (
     f"({config_file_location(os.environ)}, e.g. window = 4000) or as an environment variable "
     "(STREAMCHAT_WINDOW=4000); the command line wins. In the chat, /help lists the commands."
 )
-CACHE, GENERATION, DISPLAY, TRANSCRIPT, SESSION = "Cache", "Generation", "Display", "Transcript", "Session"
+GENERATION, DISPLAY, TRANSCRIPT, SESSION = "Generation", "Display", "Transcript", "Session"
+CACHE = CACHE_PANEL
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
@@ -96,22 +100,8 @@ def info(
 def run(
     context: typer.Context,
     model: ModelOption = None,
-    keep: Annotated[
-        str | None,
-        option(
-            "What the cache keeps forever (as attention sinks): system, every token through the end of the system "
-            "turn, so the model never forgets its instructions; or N, the first N tokens (4 is the paper's). "
-            f"\\[default: {defaults.KEEP}]",
-            "--keep",
-            "--sinks",
-            panel=CACHE,
-            metavar="[system|N]",
-        ),
-    ] = None,
-    window: Annotated[
-        int | None,
-        option(f"Most recent tokens kept; older ones are evicted. \\[default: {defaults.WINDOW:,}]", panel=CACHE),
-    ] = None,
+    keep: KeepOption = None,
+    window: WindowOption = None,
     eviction: Annotated[
         str | None,
         option(

@@ -13,6 +13,7 @@ import typer
 from streamchat import defaults
 
 MODEL_PANEL = "Model"
+CACHE_PANEL = "Cache"
 
 
 def choices(names: tuple[str, ...]) -> str:
@@ -33,6 +34,22 @@ ModelOption = Annotated[
         "--model",
         "-m",
     ),
+]
+KeepOption = Annotated[
+    str | None,
+    option(
+        "What the cache keeps forever (as attention sinks): system, every token through the end of the system "
+        "turn, so the model never forgets its instructions; or N, the first N tokens (4 is the paper's). "
+        f"\\[default: {defaults.KEEP}]",
+        "--keep",
+        "--sinks",
+        panel=CACHE_PANEL,
+        metavar="[system|N]",
+    ),
+]
+WindowOption = Annotated[
+    int | None,
+    option(f"Most recent tokens kept; older ones are evicted. \\[default: {defaults.WINDOW:,}]", panel=CACHE_PANEL),
 ]
 DeviceOption = Annotated[
     str | None,

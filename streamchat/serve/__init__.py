@@ -1,0 +1,1 @@
+"""`streamchat serve`: endless conversations over an OpenAI-compatible HTTP API."""

@@ -1,0 +1,209 @@
+"""The HTTP face: Starlette routes over the worker, in the OpenAI chat API's shapes.
+
+    POST /v1/chat/completions   a reply, whole or streamed as server-sent events
+    GET  /v1/models             the one model served
+    GET  /v1/conversations      the conversations: live, parked, saved
+    GET  /health                no key needed
+
+Every reply says which conversation it continued and what its cache holds, in the
+X-Streamchat-Conversation and X-Streamchat-Cache headers. With an API key, every endpoint
+but /health wants `Authorization: Bearer KEY`. Errors are OpenAI's error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from streamchat import defaults
+from streamchat.cache.ledger import CacheStats
+from streamchat.serve import openai_api as api
+from streamchat.serve.openai_api import ApiError, Limits
+from streamchat.serve.pool import NAMING_HEADER, ConversationPool
+from streamchat.serve.turn import Delta, Finished, Started, Turn
+from streamchat.serve.worker import END, Job, Worker
+from streamchat.storage.session_file import list_sessions
+
+CONVERSATION_HEADER = NAMING_HEADER
+CACHE_HEADER = "X-Streamchat-Cache"
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()  # origins a browser page may call from; none: CORS off
+    limits: Limits = field(default_factory=Limits)
+    retry_after: int = defaults.SERVE_RETRY_AFTER_SECONDS
+
+
+def cache_header(stats: CacheStats) -> str:
+    """What a conversation's cache holds: "used/capacity, evicted N"."""
+    return f"{stats.used}/{stats.capacity}, evicted {stats.evicted}"
+
+
+def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> Starlette:
+    model = pool.served.name
+    started_at = int(time.time())
+
+    def check_key(request: Request) -> None:
+        if options.api_key is None:
+            return
+        given = request.headers.get("authorization", "").encode("utf-8")
+        if not hmac.compare_digest(given, f"Bearer {options.api_key}".encode()):
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key")
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model})
+
+    async def models(request: Request) -> Response:
+        check_key(request)
+        return JSONResponse(api.model_list(model, started_at))
+
+    async def conversations(request: Request) -> Response:
+        check_key(request)
+        listed = []
+        for conversation_id, conversation in list(pool.conversations.items()):
+            state = "busy" if conversation.busy else "live" if conversation.session is not None else "parked"
+            listed.append({"id": conversation_id, "object": "conversation", "state": state})
+        held = {entry["id"] for entry in listed}
+        summaries, _ = await run_in_threadpool(list_sessions, pool.served.sessions)
+        for summary in summaries:
+            if summary.path.suffix == ".jsonl" and summary.path.stem not in held:
+                state = "parked" if pool.is_parked(summary.path.stem) else "saved"
+                listed.append({"id": summary.path.stem, "object": "conversation", "state": state})
+        return JSONResponse({"object": "list", "data": listed})
+
+    async def chat_completions(request: Request) -> Response:
+        check_key(request)
+        body = await _body(request, options.limits.body_bytes)
+        try:
+            parsed = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ApiError(400, f"the request body is not valid JSON ({error})") from None
+        chat = api.chat_request(parsed, options.limits)
+        turn = Turn(pool, chat, request.headers.get(CONVERSATION_HEADER))
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        if not worker.submit(Job(turn, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))):
+            raise ApiError(
+                429, "too many requests are waiting; try again shortly", kind="rate_limit_error", code="busy"
+            )
+        try:
+            first = await queue.get()
+        except asyncio.CancelledError:
+            turn.stop()
+            raise
+        if isinstance(first, ApiError):
+            raise first
+        if not isinstance(first, Started):
+            raise ApiError(500, "the reply ended before it started", kind="server_error")
+        reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if chat.stream:
+            headers = {CONVERSATION_HEADER: first.conversation, CACHE_HEADER: cache_header(first.cache)}
+            events = _stream(queue, turn, reply_id, created, model, chat.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return await _whole(queue, first, reply_id, created, model)
+
+    async def api_error(request: Request, error: Exception) -> Response:
+        if not isinstance(error, ApiError):
+            raise error
+        headers = {"Retry-After": str(options.retry_after)} if error.status == 429 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        status = error.status_code if isinstance(error, HTTPException) else 500
+        return JSONResponse(ApiError(status, str(getattr(error, "detail", error))).body(), status_code=status)
+
+    middleware = []
+    if options.cors:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(options.cors),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", CONVERSATION_HEADER],
+                expose_headers=[CONVERSATION_HEADER, CACHE_HEADER],
+            )
+        )
+    routes = [
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/conversations", conversations),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    handlers = {ApiError: api_error, HTTPException: http_error}
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) past `limit` bytes before more is read."""
+    too_large = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    pieces, size = [], 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise too_large
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+async def _whole(queue: asyncio.Queue[object], started: Started, reply_id: str, created: int, model: str) -> Response:
+    while True:
+        item = await queue.get()
+        if isinstance(item, ApiError):
+            raise item
+        if item is END:
+            raise ApiError(500, "the reply ended without finishing", kind="server_error")
+        if isinstance(item, Finished):
+            used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
+            body = api.completion(reply_id, created, model, item.reply, api.finish_reason(item.stop_reason), used)
+            headers = {CONVERSATION_HEADER: started.conversation, CACHE_HEADER: cache_header(item.cache)}
+            return JSONResponse(body, headers=headers)
+
+
+async def _stream(
+    queue: asyncio.Queue[object], turn: Turn, reply_id: str, created: int, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    try:
+        yield _event(api.chunk(reply_id, created, model, {"role": "assistant", "content": ""}))
+        while True:
+            item = await queue.get()
+            if isinstance(item, Delta):
+                yield _event(api.chunk(reply_id, created, model, {"content": item.text}))
+            elif isinstance(item, Finished):
+                yield _event(api.chunk(reply_id, created, model, {}, api.finish_reason(item.stop_reason)))
+                if include_usage:
+                    used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
+                    yield _event(api.usage_chunk(reply_id, created, model, used))
+                yield "data: [DONE]\n\n"
+                return
+            elif isinstance(item, ApiError):
+                yield _event(item.body())
+                return
+            elif item is END:
+                return
+    finally:
+        # A client gone mid-reply: the reply ends within a step, and what it said is journaled as stopped.
+        turn.stop()
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -1,0 +1,53 @@
+"""Which conversation a stateless request continues: an index from what a conversation says to its id.
+
+A client resends the whole history each time. After each turn the server files the
+conversation under a digest of (system prompt, messages); a request whose history (all
+but its new user message) has the same digest continues that conversation, and only the
+new message is read. Messages are compared by content, as the server wrote them: a client
+that edits an earlier turn, or trims a reply, starts a new conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+Message = dict[str, str]
+
+# The session ids the journal writes (streamchat.storage.journal.new_session_id): 20250101-120000-3fa2c1.
+SESSION_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def is_session_id(text: str) -> bool:
+    return SESSION_ID.fullmatch(text) is not None
+
+
+def history_digest(system: str | None, messages: list[Message]) -> str:
+    """What a conversation says: its system prompt and every message, by role and content."""
+    said = [system, [[message["role"], message["content"]] for message in messages]]
+    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+class ConversationIndex:
+    """Each conversation filed under the digest of what it says now (one digest per conversation)."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[str, str] = {}
+        self._digest_of: dict[str, str] = {}
+
+    def file(self, conversation: str, system: str | None, messages: list[Message]) -> None:
+        """`conversation` now says `messages`: requests that extend them continue it."""
+        self.forget(conversation)
+        digest = history_digest(system, messages)
+        self._by_digest[digest] = conversation
+        self._digest_of[conversation] = digest
+
+    def find(self, system: str | None, history: list[Message]) -> str | None:
+        """The conversation that says exactly `history` under `system`, if any."""
+        return self._by_digest.get(history_digest(system, history))
+
+    def forget(self, conversation: str) -> None:
+        digest = self._digest_of.pop(conversation, None)
+        if digest is not None and self._by_digest.get(digest) == conversation:
+            del self._by_digest[digest]

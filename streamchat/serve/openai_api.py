@@ -1,0 +1,260 @@
+"""The OpenAI chat API's shapes: a request read and checked, replies and errors as OpenAI writes them.
+
+    request = chat_request(json.loads(body), limits)   # ApiError (400) names the field that is wrong
+    completion(...), chunk(...), usage_chunk(...)       # the JSON OpenAI's clients parse
+
+Only what streamchat implements is accepted: any other field (tools, response_format,
+logprobs, ...) is refused by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamchat import defaults
+from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES
+
+Message = dict[str, str]
+
+# The fields a chat completion request may carry; `user` is an opaque label, accepted and unused.
+ACCEPTED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "n",
+        "user",
+    }
+)
+MAX_STOP_STRINGS = 4  # as OpenAI
+
+
+class ApiError(Exception):
+    """A request the server refuses: the HTTP status and OpenAI's error body."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+        self.code = code or None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may carry."""
+
+    body_bytes: int = defaults.SERVE_MAX_BODY_BYTES
+    messages: int = defaults.SERVE_MAX_MESSAGES
+    message_chars: int = defaults.SERVE_MAX_MESSAGE_CHARS
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat completion request, checked: the conversation so far, the new user message, how to answer."""
+
+    model: str | None
+    system: str | None  # None: the server's own system prompt, if it has one
+    history: list[Message]  # user and assistant turns before the new message, alternating
+    text: str  # the new user message
+    stream: bool = False
+    include_usage: bool = False
+    settings: dict[str, str] = field(default_factory=dict)  # generation settings as /set takes them
+
+
+def chat_request(body: object, limits: Limits) -> ChatRequest:
+    """The request in `body` (parsed JSON); ApiError (400) names the first field that is wrong."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name in body:
+        if name not in ACCEPTED_FIELDS:
+            raise ApiError(400, f"{name!r} is not supported by streamchat", param=name, code="unsupported_parameter")
+    n = body.get("n")
+    if n is not None and (_integer(n) is None or n != 1):
+        raise ApiError(400, "streamchat writes one choice per request: 'n' must be 1", param="n")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", param="model")
+    system, history, text = _messages(body.get("messages"), limits)
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise ApiError(400, "'stream_options' may only hold include_usage", param="stream_options")
+    include_usage = _boolean(options or {}, "include_usage", "stream_options.include_usage")
+    return ChatRequest(model, system, history, text, stream, include_usage, _settings(body))
+
+
+def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message], str]:
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    if len(value) > limits.messages:
+        raise ApiError(400, f"at most {limits.messages} messages per request", param="messages")
+    system_parts: list[str] = []
+    turns: list[Message] = []
+    for index, message in enumerate(value):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise ApiError(400, f"{where} must be an object with a role and content", param=where)
+        role = message.get("role")
+        content = _content(message.get("content"), f"{where}.content", limits)
+        if role in ("system", "developer") and not turns:
+            system_parts.append(content)
+            continue
+        expected = "user" if len(turns) % 2 == 0 else "assistant"
+        if role != expected:
+            raise ApiError(
+                400,
+                f"{where}.role is {role!r}, expected {expected!r}: after the system prompt, "
+                "user and assistant messages alternate, starting with the user",
+                param=f"{where}.role",
+            )
+        extra = set(message) - {"role", "content", "name"}
+        if extra:
+            name = sorted(extra)[0]
+            raise ApiError(400, f"{where}.{name} is not supported by streamchat", param=f"{where}.{name}")
+        turns.append({"role": role, "content": content})
+    if not turns or turns[-1]["role"] != "user":
+        raise ApiError(400, "the last message must be the user's", param="messages")
+    system = "\n\n".join(system_parts) if system_parts else None
+    return system, turns[:-1], turns[-1]["content"]
+
+
+def _content(value: object, where: str, limits: Limits) -> str:
+    """A message's text: a string, or a list of text parts (joined)."""
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}: streamchat reads only text parts", param=where)
+            parts.append(part["text"])
+        value = "".join(parts)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where} must be a string", param=where)
+    if len(value) > limits.message_chars:
+        raise ApiError(400, f"{where} is longer than {limits.message_chars:,} characters", param=where)
+    return value
+
+
+def _settings(body: dict[str, Any]) -> dict[str, str]:
+    """The generation settings the request sets, as /set takes them."""
+    settings: dict[str, str] = {}
+    for name in ("max_tokens", "max_completion_tokens"):
+        if body.get(name) is not None:
+            value = _integer(body[name])
+            if value is None or not SAMPLING_RULES["max_new_tokens"].accepts(value):
+                raise ApiError(400, f"{name!r} must be a whole number >= 1", param=name)
+            settings["max_new_tokens"] = str(value)
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None:
+            value = body[name]
+            rule = SAMPLING_RULES[name]
+            if not _is_number(value) or not rule.accepts(value):
+                raise ApiError(400, f"{name!r} must be {rule.limits}", param=name)
+            settings[name] = repr(float(value))
+    if body.get("seed") is not None:
+        seed = _integer(body["seed"])
+        if seed is None or not 0 <= seed <= MAX_SEED:
+            raise ApiError(400, f"'seed' must be a whole number from 0 to {MAX_SEED}", param="seed")
+        settings["seed"] = str(seed)
+    if body.get("stop") is not None:
+        settings["stop"] = _stop(body["stop"])
+    return settings
+
+
+def _stop(value: object) -> str:
+    stops = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP_STRINGS
+        or not all(isinstance(text, str) and text for text in stops)
+    ):
+        raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", param="stop")
+    return shlex.join(stops) if stops else "none"
+
+
+def _boolean(body: dict[str, Any], name: str, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{param or name!r} must be true or false", param=param or name)
+    return value
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---- what the server answers ---------------------------------------------------------------------
+
+
+def finish_reason(stop_reason: str) -> str:
+    """OpenAI's finish_reason for a reply that ended for `stop_reason` (streamchat.generation.events)."""
+    return "length" if stop_reason == "max_new_tokens" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def completion(reply_id: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": reply_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        ],
+        "usage": used,
+    }
+
+
+def chunk(reply_id: str, created: int, model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": reply_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def usage_chunk(reply_id: str, created: int, model: str, used: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": reply_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": used,
+    }
+
+
+def model_list(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "streamchat"}]}

@@ -1,0 +1,256 @@
+"""The server's conversations: a few live (each with its own cache), the rest parked on disk.
+
+Every conversation is a journal in the same sessions directory as `streamchat run`'s, so
+`streamchat sessions` lists it and `run --resume ID` continues it; a session `run` saved
+is continued here the same way (its journal claimed, its cache state restored when it fits).
+
+At most `max_live` conversations hold a ChatSession (a cache) at once. Past that, the least
+recently used idle one is parked: its exact state is written beside its journal and its
+session handed to the next conversation, and its journal let go; a request for it later opens
+the journal again and restores that state, exactly, without a replay. Only the worker thread
+(streamchat.serve.worker) touches the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamchat.conversation.state import ConversationState, TensorState
+from streamchat.errors import SessionFileError
+from streamchat.generation.events import Replayed
+from streamchat.serve.matching import ConversationIndex, is_session_id
+from streamchat.serve.openai_api import ApiError, Message
+from streamchat.storage.cache_file import read_state, state_path, write_state
+from streamchat.storage.journal import SUFFIX, Journal, claim_journal
+from streamchat.storage.session_file import JOURNAL_VERSION, read_session
+
+if TYPE_CHECKING:
+    from streamchat.conversation.session import ChatSession
+    from streamchat.storage.cache_file import StateKey
+
+log = logging.getLogger("streamchat.serve")
+
+# The header a request names its conversation with (streamchat.serve.http reads it).
+NAMING_HEADER = "X-Streamchat-Conversation"
+
+
+class Step:
+    """A request's turn did some work (a prompt chunk, a replayed message) or is waiting: the worker moves on."""
+
+    def __init__(self, waiting: bool) -> None:
+        self.waiting = waiting  # for a live session to be free: nothing to do until a turn ends
+
+
+STEP = Step(waiting=False)
+WAIT = Step(waiting=True)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the server serves: one loaded model, the sessions built over it, where conversations live."""
+
+    name: str  # the model, as /v1/models lists it
+    new_session: Callable[[], ChatSession]  # a session over the one loaded model, as the run's options ask
+    key: StateKey | None  # what this run's cache states are valid for; None: none written or read
+    sessions: Path  # the journals' directory (data_dir()/sessions)
+    cache_layout: dict[str, object]  # keep and window, for each journal's header
+
+
+@dataclass
+class Conversation:
+    """One conversation the server has opened: its journal, and its session while it is live."""
+
+    journal: Journal
+    session: ChatSession | None = None  # None: parked (its state beside its journal) or not yet restored
+    rendered_tokens: int = 0  # its whole history in the chat format, read or not
+    busy: bool = False  # a request is being answered
+    last_used: int = 0
+
+    @property
+    def id(self) -> str | None:
+        return None if self.journal.path is None else self.journal.path.stem
+
+
+@dataclass
+class Taken:
+    """A conversation ready for a request's turn: live, busy, and what restoring it read."""
+
+    conversation: Conversation
+    restore_read: int = 0  # tokens read to make it live again (a replay), 0 when it was live or exact
+
+
+@dataclass
+class ConversationPool:
+    served: Served
+    max_live: int
+    index: ConversationIndex = field(default_factory=ConversationIndex)
+    conversations: dict[str, Conversation] = field(default_factory=dict)
+    _free: list[ChatSession] = field(default_factory=list)
+    _made: int = 0
+    _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
+    _clock: itertools.count = field(default_factory=itertools.count)
+    base_settings: dict[str, str] = field(default_factory=dict)  # a new session's, set by start()
+    default_system: str | None = None
+
+    def start(self) -> None:
+        """Build the first session (the server's settings and system prompt come from it) and file every
+        journal already in the sessions directory, so that a request resending one continues it."""
+        session = self.served.new_session()
+        self._made += 1
+        self._free.append(session)
+        self.base_settings = dict(session.options())
+        self.default_system = session.system_prompt
+        for path in sorted(self.served.sessions.glob(f"*{SUFFIX}")) if self.served.sessions.is_dir() else []:
+            try:
+                saved = read_session(path)
+            except (SessionFileError, OSError):
+                continue
+            if saved.version == JOURNAL_VERSION and saved.unanswered is None:
+                self.index.file(path.stem, saved.system_prompt, saved.messages)
+
+    def system_for(self, requested: str | None) -> str | None:
+        return requested if requested is not None else self.default_system
+
+    # ---- taking a conversation for a turn ---------------------------------------------------------
+
+    def named(self, conversation_id: str) -> Conversation:
+        """The conversation `conversation_id`, opened from its journal if this server has not yet; 404, 409."""
+        known = self.conversations.get(conversation_id)
+        if known is not None:
+            return known
+        path = self.served.sessions / f"{conversation_id}{SUFFIX}"
+        if not is_session_id(conversation_id) or not path.is_file():
+            raise ApiError(404, f"no conversation {conversation_id!r}", param=NAMING_HEADER, code="not_found")
+        try:
+            saved = read_session(path)
+            descriptor = claim_journal(path)
+        except SessionFileError as error:
+            raise ApiError(409, str(error), code="conversation_unavailable") from None
+        journal = self._journal()
+        journal.resume(path, saved, descriptor)
+        conversation = Conversation(journal, rendered_tokens=self._lengths.pop(conversation_id, 0))
+        self.conversations[conversation_id] = conversation
+        return conversation
+
+    def new(self) -> Conversation:
+        """A conversation without a journal file yet (it appears with the first message recorded)."""
+        return Conversation(self._journal())
+
+    def take(
+        self, conversation: Conversation, history: list[Message] | None, system: str | None
+    ) -> Generator[Step, None, Taken]:
+        """Make `conversation` live for a turn: `history` and `system` start a new one (replayed); a known one is
+        restored from its state beside its journal (else replayed). 409 when another request holds it."""
+        if conversation.busy:
+            raise ApiError(409, "another request is answering in this conversation", code="conversation_busy")
+        conversation.busy = True
+        try:
+            if conversation.session is None:
+                session = yield from self._session()
+                conversation.session = session
+                read = yield from self._restore(conversation, session, history, system)
+            else:
+                read = 0
+        except BaseException:
+            self.release(conversation)
+            raise
+        conversation.last_used = next(self._clock)
+        return Taken(conversation, read)
+
+    def release(self, conversation: Conversation) -> None:
+        conversation.busy = False
+        conversation.last_used = next(self._clock)
+        if conversation.id is not None:
+            self.conversations[conversation.id] = conversation
+        elif conversation.session is not None:  # never recorded: nothing to keep
+            self._free.append(conversation.session)
+            conversation.session = None
+
+    # ---- parking -------------------------------------------------------------------------------------
+
+    def park(self, conversation: Conversation) -> None:
+        """Write `conversation`'s exact state beside its journal, give its session back and let go of its
+        journal (a parked conversation holds no file open: `run --resume` may take it meanwhile)."""
+        session = conversation.session
+        path = conversation.journal.path
+        if session is not None and path is not None and self.served.key is not None:
+            state = session.snapshot(tensors=True)
+            if state.tensors is not None:
+                try:
+                    write_state(state_path(path), state, self.served.key)
+                except SessionFileError as error:
+                    log.warning("%s; it will be replayed", error)
+        if session is not None:
+            conversation.session = None
+            self._free.append(session)
+        conversation.journal.close()
+        if conversation.id is not None:
+            self.conversations.pop(conversation.id, None)
+            self._lengths[conversation.id] = conversation.rendered_tokens
+
+    def drop(self, conversation: Conversation) -> None:
+        """A turn failed half way: the session's cache may be torn, so it is emptied and given back; the
+        conversation is read again from its journal when next asked for."""
+        session = conversation.session
+        if session is not None:
+            session.reset()
+            conversation.session = None
+            conversation.rendered_tokens = 0
+            self._free.append(session)
+
+    def park_all(self) -> None:
+        """Every live conversation's state written (the server is stopping), every journal closed."""
+        for conversation in list(self.conversations.values()):
+            self.park(conversation)
+
+    def is_parked(self, conversation_id: str) -> bool:
+        return conversation_id in self._lengths
+
+    def _session(self) -> Generator[Step, None, ChatSession]:
+        while True:
+            if self._free:
+                return self._free.pop()
+            if self._made < self.max_live:
+                self._made += 1
+                return self.served.new_session()
+            idle = [c for c in self.conversations.values() if c.session is not None and not c.busy]
+            if idle:
+                self.park(min(idle, key=lambda c: c.last_used))
+                continue
+            yield WAIT  # every live conversation is answering: wait for one to finish
+
+    def _restore(
+        self, conversation: Conversation, session: ChatSession, history: list[Message] | None, system: str | None
+    ) -> Generator[Step, None, int]:
+        path = conversation.journal.path
+        if path is None:
+            state = ConversationState(list(history or []), system, dict(self.base_settings))
+            events, why = session.restore(state), None
+        else:
+            saved = read_session(path)
+            found = read_state(state_path(path), self.served.key, saved) if self.served.key else None
+            tensors = found if isinstance(found, TensorState) else None
+            events = session.restore(saved.state(tensors), found if isinstance(found, str) else None)
+            why = found
+        read = 0
+        for event in events:
+            if isinstance(event, Replayed):
+                read = event.tokens
+            yield STEP
+        if isinstance(why, str):
+            log.info("conversation %s replayed: %s", conversation.id, why)
+        if not conversation.rendered_tokens:  # a parked conversation's length was kept; a new or saved one is counted
+            feeds = session.chat_format.conversation_ids(session.transcript)
+            conversation.rendered_tokens = sum(len(ids) for ids in feeds)
+        return read
+
+    def _journal(self) -> Journal:
+        def report(problem: str) -> None:
+            log.warning("%s", problem)
+
+        return Journal(self.served.sessions, self.served.name, dict(self.served.cache_layout), report)

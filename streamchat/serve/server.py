@@ -1,0 +1,111 @@
+"""The server process: bind, load the model once, serve through uvicorn until Ctrl-C or SIGTERM, save.
+
+On a signal, every reply in flight stops within a step and is journaled, uvicorn lets the
+streams end, then every live conversation's state is written beside its journal.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import uvicorn
+
+from streamchat.errors import ConfigError
+from streamchat.interface.config import RunConfig, load_options
+from streamchat.interface.reporting import notify, stderr
+from streamchat.interface.safe_text import safe_text
+from streamchat.interface.sessions import data_dir, session_for, state_key
+from streamchat.serve.http import HttpOptions, create_app
+from streamchat.serve.pool import ConversationPool, Served
+from streamchat.serve.worker import Worker
+
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+# How long uvicorn waits for streams to end once the replies were told to stop.
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+def run_server(
+    config: RunConfig, host: str, port: int, max_conversations: int, max_waiting: int, options: HttpOptions
+) -> int:
+    """Bind, load, serve until a signal; the exit code."""
+    from streamchat.loading import load_model
+
+    listener = _bind(host, port)  # first: a port in use is said at once, not after the model loads
+    try:
+        notify(f"loading {config.model} ...")
+        loaded = load_model(load_options(config), notify=notify)
+        served = Served(
+            name=loaded.source.name,
+            new_session=lambda: session_for(config, loaded),
+            key=state_key(config, loaded),
+            sessions=data_dir() / "sessions",
+            cache_layout={"keep": config.keep, "window": config.window},
+        )
+        pool = ConversationPool(served, max_conversations)
+        pool.start()
+        worker = Worker(pool, max_conversations + max_waiting)
+        worker.start()
+        try:
+            server = StoppingServer(
+                uvicorn.Config(
+                    create_app(worker, pool, options),
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="off",
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+                ),
+                worker,
+            )
+            shown = f"[{host}]" if ":" in host else host
+            stderr.print(safe_text(f"serving {loaded.source.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
+            server.run(sockets=[listener])
+        finally:
+            worker.close()
+    finally:
+        listener.close()
+    stderr.print(safe_text(f"stopped; every conversation is saved in {served.sessions}"))
+    return TERMINATED_EXIT_CODE if server.received == signal.SIGTERM else 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    listener.listen(128)
+    return listener
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, whose Ctrl-C and SIGTERM also stop every reply in flight, and are not raised again after."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+        super().__init__(config)
+        self.worker = worker
+        self.received: int | None = None
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {signum: signal.signal(signum, self.handle_exit) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.received = self.received or sig
+        self.worker.stop_all()
+        super().handle_exit(sig, frame)

@@ -1,0 +1,145 @@
+"""One request's turn, run step by step on the worker: find the conversation, make it live, answer.
+
+    turn = Turn(pool, request, named=None)
+    for item in turn.run():     # Started, Delta..., Finished; Step markers between them
+        ...
+
+A request naming a conversation (`named`) sends only its new message. Otherwise its
+history is looked up (streamchat.serve.matching): a match continues that conversation and
+reads only the new message; no match starts a conversation from the history (a replay:
+the kept prefix and the last two windows), then answers. `stop()` (any thread) ends the
+reply within a step; what was said is kept in the journal as stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from streamchat.cache.ledger import CacheStats
+from streamchat.errors import ConfigError
+from streamchat.generation.events import PromptSkipped, TextDelta, TurnFinished
+from streamchat.serve.openai_api import ApiError, ChatRequest, Message
+from streamchat.serve.pool import STEP, Conversation, ConversationPool, Step, Taken
+
+# The settings a request may set; one it leaves out gets the server's.
+REQUEST_SETTINGS = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
+
+
+@dataclass(frozen=True)
+class Started:
+    """The turn began: the conversation it continues, and what its cache holds."""
+
+    conversation: str
+    cache: CacheStats
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The reply is complete (or was stopped) and journaled; the usage of the whole turn."""
+
+    reply: str
+    stop_reason: str
+    prompt_tokens: int  # the whole conversation rendered, through the new message
+    completion_tokens: int
+    cached_tokens: int  # of prompt_tokens, those not read for this request
+    cache: CacheStats
+
+
+Item = Started | Delta | Finished
+
+
+class Turn:
+    def __init__(self, pool: ConversationPool, request: ChatRequest, named: str | None = None) -> None:
+        self.pool = pool
+        self.request = request
+        self.named = named
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End the reply within a step (safe from any thread: the worker reads the flag)."""
+        self.stopped = True
+
+    def run(self) -> Iterator[Item | Step]:
+        conversation, history, system = self._conversation()
+        taken = yield from self.pool.take(conversation, history, system)
+        try:
+            yield from self._answer(taken)
+        except BaseException:
+            self.pool.drop(conversation)
+            raise
+        finally:
+            self.pool.release(conversation)
+
+    def _conversation(self) -> tuple[Conversation, list[Message] | None, str | None]:
+        if self.named is not None:
+            return self.pool.named(self.named), None, None
+        system = self.pool.system_for(self.request.system)
+        found = self.pool.index.find(system, self.request.history)
+        if found is not None:
+            try:
+                return self.pool.named(found), None, None
+            except ApiError as error:
+                if error.status not in (404, 409):
+                    raise  # its journal is gone, or another streamchat holds it: this history starts a new conversation
+        return self.pool.new(), self.request.history, system
+
+    def _answer(self, taken: Taken) -> Iterator[Item | Step]:
+        conversation = taken.conversation
+        session = conversation.session
+        if session is None:
+            raise ApiError(500, "the conversation has no session", kind="server_error")
+        current = dict(session.options())
+        for name in REQUEST_SETTINGS:
+            value = self.request.settings.get(name, self.pool.base_settings.get(name))
+            if value is not None and current.get(name) != value:
+                try:
+                    session.set_option(name, value)
+                except ConfigError as error:
+                    raise ApiError(400, str(error), param=name) from None
+        state = session.snapshot(tensors=False)
+        journal = conversation.journal
+        journal.record(state)  # a new conversation's history and settings, a known one's new settings
+        journal.record_user(state, self.request.text)
+        if conversation.id is None:
+            raise ApiError(500, journal.failure or "the conversation could not be journaled", kind="server_error")
+        self.pool.conversations[conversation.id] = conversation  # named by its id from now on, busy or not
+        before = session.cache_stats()
+        yield Started(conversation.id, before)
+        prompt_length = None
+        finished = None
+        for event in session.chat(self.request.text):
+            if self.stopped:
+                session.stop()
+            if isinstance(event, TextDelta):
+                yield Delta(event.text)
+            elif isinstance(event, PromptSkipped):
+                prompt_length = event.prompt_tokens
+                yield STEP
+            elif isinstance(event, TurnFinished):
+                finished = event
+            else:
+                yield STEP
+        if finished is None:
+            raise ApiError(500, "the reply ended without finishing", kind="server_error")
+        stats = finished.stats
+        journal.record(session.snapshot(tensors=False), stats.stop_reason)
+        after = session.cache_stats()
+        prompt_length = stats.prompt_tokens if prompt_length is None else prompt_length
+        prompt_tokens = conversation.rendered_tokens + prompt_length
+        conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
+        self.pool.index.file(conversation.id, session.system_prompt, session.transcript)
+        read = taken.restore_read + stats.prompt_tokens
+        yield Finished(
+            reply=finished.reply,
+            stop_reason=stats.stop_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=stats.generated_tokens,
+            cached_tokens=max(0, prompt_tokens - read),
+            cache=after,
+        )

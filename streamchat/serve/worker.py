@@ -1,0 +1,123 @@
+"""The one thread that owns the model: it runs every request's turn, a step of each in turn.
+
+Requests hand it their turns (streamchat.serve.turn); it takes one step of each (a decode
+step, a prompt chunk, a replayed message) round-robin, so a long reply never holds another
+conversation's first token back by more than a step or a chunk. Each item a turn yields goes
+to its request through `deliver` (the request's asyncio queue, via call_soon_threadsafe).
+At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
+(the request gets 429). Closing stops every reply, lets each turn journal what it said, then
+parks every live conversation (its state written beside its journal).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+
+from streamchat.serve.openai_api import ApiError
+from streamchat.serve.pool import ConversationPool, Step
+from streamchat.serve.turn import Turn
+
+log = logging.getLogger("streamchat.serve")
+
+# What a turn's end is delivered as, after its last item.
+END = None
+# How long the worker sleeps when every turn waits for a live session.
+WAITING_POLL_SECONDS = 0.005
+
+
+@dataclass(eq=False)
+class Job:
+    turn: Turn
+    deliver: Callable[[object], None]  # Started, Delta, Finished, an ApiError, then END
+
+
+class Worker:
+    def __init__(self, pool: ConversationPool, max_jobs: int) -> None:
+        self.pool = pool
+        self.max_jobs = max_jobs
+        self._condition = threading.Condition()
+        self._incoming: list[Job] = []
+        self._jobs: set[Job] = set()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="streamchat-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Admit `job`; False when `max_jobs` are already admitted (or the worker is closing)."""
+        with self._condition:
+            if self._closing or len(self._jobs) >= self.max_jobs:
+                return False
+            self._jobs.add(job)
+            self._incoming.append(job)
+            self._condition.notify()
+            return True
+
+    def stop_all(self) -> None:
+        """Every reply ends within a step (safe from a signal handler: it only sets flags)."""
+        for job in list(self._jobs):
+            job.turn.stop()
+
+    def close(self) -> None:
+        """Stop every reply, finish every turn, park every live conversation; then the thread ends."""
+        with self._condition:
+            self._closing = True
+            self._condition.notify()
+        self.stop_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        active: list[tuple[Job, Iterator[object]]] = []
+        try:
+            while True:
+                with self._condition:
+                    active += [(job, job.turn.run()) for job in self._incoming]
+                    self._incoming.clear()
+                    if not active:
+                        if self._closing:
+                            break
+                        self._condition.wait()
+                        continue
+                if self._closing:
+                    self.stop_all()
+                waiting = [self._step(job, items) for job, items in active]
+                active = [pair for pair, state in zip(active, waiting, strict=True) if state is not None]
+                if active and all(waiting):
+                    with self._condition:
+                        self._condition.wait(WAITING_POLL_SECONDS)
+        finally:
+            self.pool.park_all()
+
+    def _step(self, job: Job, items: Iterator[object]) -> bool | None:
+        """One step of `job`: True when it waits for a session, False when it worked, None when it ended."""
+        try:
+            item = next(items)
+        except StopIteration:
+            return self._end(job, END)
+        except ApiError as error:
+            return self._end(job, error)
+        except Exception as error:  # a bug or a failure in the engine: that request fails, the server goes on
+            log.exception("a request failed")
+            return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
+        if isinstance(item, Step):
+            return item.waiting
+        _deliver(job, item)
+        return False
+
+    def _end(self, job: Job, last: object) -> None:
+        if last is not END:
+            _deliver(job, last)
+        _deliver(job, END)
+        with self._condition:
+            self._jobs.discard(job)
+        return None
+
+
+def _deliver(job: Job, item: object) -> None:
+    with suppress(RuntimeError):  # the request's event loop is gone (the server stopped): nobody to tell
+        job.deliver(item)

@@ -1,0 +1,159 @@
+"""A real `streamchat serve` in-process: uvicorn on a free 127.0.0.1 port, over tiny models in memory.
+
+`start_server(...)` builds the server `run_server` builds (pool, worker, Starlette app) around
+a model given in memory, runs uvicorn in a thread, waits for /health, and stops it all (the
+worker parks every live conversation) when the test ends. Clients talk to 127.0.0.1 only,
+through an httpx client that ignores any proxy in the environment.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.generation.settings import GenerationSettings
+from streamchat.serve.http import HttpOptions, create_app
+from streamchat.serve.openai_api import Limits
+from streamchat.serve.pool import ConversationPool, Served
+from streamchat.serve.worker import Worker
+from streamchat.storage.cache_file import StateKey
+from tests.support.model_dirs import VOCAB, scripted_model_and_tokenizer
+from tests.support.models import tiny_model
+from tests.support.tokenizers import byte_level_tokenizer
+
+SCRIPT = ("Sure", ":", " the", " answer", " is", " 42", ".")
+REPLY = "Sure: the answer is 42."
+KEY = StateKey("tiny", "weights", "float32", "cpu", "none", "4", 64)
+SETTINGS = GenerationSettings(max_new_tokens=8, temperature=0.0, seed=7)
+
+
+@dataclass
+class RunningServer:
+    url: str
+    pool: ConversationPool
+    worker: Worker
+    sessions: Path
+    client: openai.OpenAI
+    http: httpx.Client
+
+    def post(self, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.http.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.fixture(scope="session")
+def scripted() -> tuple[Any, Any]:
+    return scripted_model_and_tokenizer(SCRIPT)
+
+
+@pytest.fixture(scope="session")
+def endless() -> tuple[Any, Any]:
+    """A random llama whose replies never end by themselves, and stream text at every token.
+
+    Its output rows are zeroed for the special tokens and for every token that is not whole
+    ASCII text by itself: among hundreds of random logits, a logit of 0 is never the largest, so
+    replies run to the length limit and each token is a text delta (none is held back waiting
+    for the rest of a character).
+    """
+    tokenizer = byte_level_tokenizer()
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB))
+    special = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    silent = [
+        token
+        for token in range(VOCAB)
+        if token in special or not (text := tokenizer.decode([token])) or not text.isascii() or not text.isprintable()
+    ]
+    with torch.no_grad():
+        model.get_output_embeddings().weight[silent] = 0
+    return model, tokenizer
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    stops: list[Callable[[], None]] = []
+
+    def start(
+        model_and_tokenizer: tuple[Any, Any],
+        *,
+        window: int = 64,
+        max_conversations: int = 4,
+        max_waiting: int = 8,
+        api_key: str | None = None,
+        limits: Limits | None = None,
+        sessions: Path | None = None,
+        cors: tuple[str, ...] = (),
+    ) -> RunningServer:
+        model, tokenizer = model_and_tokenizer
+        sessions = sessions or tmp_path / f"sessions-{len(stops)}"
+        served = Served(
+            name="tiny",
+            new_session=lambda: ChatSession(model, tokenizer, SessionOptions(keep=4, window=window, settings=SETTINGS)),
+            key=KEY,
+            sessions=sessions,
+            cache_layout={"keep": 4, "window": window},
+        )
+        pool = ConversationPool(served, max_conversations)
+        pool.start()
+        worker = Worker(pool, max_conversations + max_waiting)
+        worker.start()
+        app = create_app(worker, pool, HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits()))
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        http = httpx.Client(trust_env=False, timeout=30)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if http.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        client = openai.OpenAI(
+            base_url=f"{url}/v1",
+            api_key=api_key or "none",
+            max_retries=0,
+            http_client=httpx.Client(trust_env=False, timeout=30),
+        )
+
+        def stop() -> None:
+            server.should_exit = True
+            worker.stop_all()
+            thread.join(10)
+            worker.close()
+            listener.close()
+            http.close()
+
+        stops.append(stop)
+        return RunningServer(url, pool, worker, sessions, client, http)
+
+    yield start
+    for stop in reversed(stops):
+        stop()
+
+
+def wait_idle(server: RunningServer, timeout: float = 10) -> None:
+    """Until no conversation is being answered (a stopped reply journals itself a step later)."""
+    deadline = time.monotonic() + timeout
+    while any(conversation.busy for conversation in list(server.pool.conversations.values())):
+        if time.monotonic() > deadline:
+            raise TimeoutError("a conversation stayed busy")
+        time.sleep(0.01)

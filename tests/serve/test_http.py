@@ -1,0 +1,183 @@
+"""The HTTP face through the official openai client and raw HTTP: shapes, headers, errors."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from streamchat.serve.openai_api import Limits
+from streamchat.storage.session_file import read_session
+from tests.serve.conftest import REPLY, wait_idle
+from tests.support.model_dirs import HOSTILE_REPLY_PIECES, scripted_model_and_tokenizer
+
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+def test_a_whole_reply_in_openai_shape(start_server, scripted) -> None:
+    server = start_server(scripted)
+    raw = server.client.chat.completions.with_raw_response.create(model="tiny", messages=HELLO, temperature=0)
+    reply = raw.parse()
+    conversation = raw.headers["x-streamchat-conversation"]
+    assert reply.object == "chat.completion" and reply.model == "tiny" and reply.id.startswith("chatcmpl-")
+    assert [(c.index, c.message.role, c.message.content, c.finish_reason) for c in reply.choices] == [
+        (0, "assistant", REPLY, "stop")
+    ]
+    usage = reply.usage
+    assert usage.completion_tokens == len(("Sure", ":", " the", " answer", " is", " 42", "."))
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    _, capacity = raw.headers["x-streamchat-cache"].split(", ")[0].split("/")
+    assert (int(capacity), raw.headers["x-streamchat-cache"].endswith("evicted 0")) == (4 + 64, True)
+    saved = read_session(server.sessions / f"{conversation}.jsonl")
+    assert saved.messages == [*HELLO, {"role": "assistant", "content": REPLY}]
+
+
+def test_a_streamed_reply_is_chunks_then_usage_then_done(start_server, scripted) -> None:
+    server = start_server(scripted)
+    body = {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks[:-1])
+    assert text == REPLY
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks[:-1]] == [None] * (len(chunks) - 2) + ["stop"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 7
+    # The openai client reads the same stream.
+    stream = server.client.chat.completions.create(model="tiny", messages=HELLO, stream=True, max_tokens=40)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == REPLY
+
+
+def test_models_health_and_conversations(start_server, scripted) -> None:
+    server = start_server(scripted)
+    assert [model.id for model in server.client.models.list()] == ["tiny"]
+    assert server.http.get(f"{server.url}/health").json()["status"] == "ok"
+    raw = server.client.chat.completions.with_raw_response.create(model="tiny", messages=HELLO)
+    listed = server.http.get(f"{server.url}/v1/conversations").json()["data"]
+    assert listed == [
+        {"id": raw.headers["x-streamchat-conversation"], "object": "conversation", "state": "live"},
+    ]
+
+
+BAD_REQUESTS = [
+    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "tools": []}, "tools"),
+    ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": HELLO, "logprobs": True}, "logprobs"),
+    ({"messages": HELLO, "temperature": -1}, "temperature"),
+    ({"messages": HELLO, "top_p": 0}, "top_p"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "seed": "x"}, "seed"),
+    ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": HELLO, "stream": "yes"}, "stream"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ({"messages": [*HELLO, {"role": "assistant", "content": "x"}]}, "messages"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_REQUESTS)
+def test_a_bad_field_is_a_400_naming_it(start_server, scripted, body, param) -> None:
+    server = start_server(scripted)
+    response = server.post(body)
+    error = response.json()["error"]
+    assert (response.status_code, error["param"], error["type"]) == (400, param, "invalid_request_error")
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_malformed_json_too_many_messages_and_too_large_bodies(start_server, scripted) -> None:
+    server = start_server(scripted, limits=Limits(body_bytes=2000, messages=3, message_chars=100))
+    bad_json = server.http.post(f"{server.url}/v1/chat/completions", content=b"{not json")
+    assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
+    many = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}] * 2 + HELLO
+    assert server.post({"messages": many}).json()["error"]["param"] == "messages"
+    long = server.post({"messages": [{"role": "user", "content": "x" * 101}]})
+    assert (long.status_code, long.json()["error"]["param"]) == (400, "messages[0].content")
+    huge = server.post({"messages": [{"role": "user", "content": "x" * 3000}]})
+    assert huge.status_code == 413
+    with pytest.raises(openai.BadRequestError):
+        server.client.chat.completions.create(model="tiny", messages=HELLO, n=2)
+
+
+def test_an_api_key_guards_every_endpoint_but_health(start_server, scripted) -> None:
+    server = start_server(scripted, api_key="s3cret")
+    assert server.http.get(f"{server.url}/health").status_code == 200
+    for path in ("/v1/models", "/v1/conversations"):
+        assert server.http.get(f"{server.url}{path}").status_code == 401
+        wrong = server.http.get(f"{server.url}{path}", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+    assert server.post({"messages": HELLO}).status_code == 401
+    assert server.client.chat.completions.create(model="tiny", messages=HELLO).choices[0].message.content == REPLY
+    bad_client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0, http_client=server.http)
+    with pytest.raises(openai.AuthenticationError):
+        bad_client.models.list()
+
+
+def test_an_unknown_conversation_is_a_404(start_server, scripted) -> None:
+    server = start_server(scripted)
+    for name in ("20250101-120000-3fa2c1", "../../etc/passwd", "x"):
+        response = server.post({"messages": HELLO}, headers={"X-Streamchat-Conversation": name})
+        assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found")
+
+
+def test_a_second_request_for_a_busy_conversation_is_a_409(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=1, max_waiting=1)
+    body = {"messages": HELLO, "stream": True, "max_tokens": 5000}
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        conversation = response.headers["x-streamchat-conversation"]
+        lines = response.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
+        busy = server.post({"messages": HELLO}, headers={"X-Streamchat-Conversation": conversation})
+        assert (busy.status_code, busy.json()["error"]["code"]) == (409, "conversation_busy")
+    wait_idle(server)
+
+
+def test_past_the_waiting_requests_a_429_says_when_to_retry(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=1, max_waiting=0)
+    body = {"messages": HELLO, "stream": True, "max_tokens": 5000}
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
+        full = server.post({"messages": [{"role": "user", "content": "another"}]})
+        assert (full.status_code, full.headers["retry-after"]) == (429, "1")
+        with pytest.raises(openai.RateLimitError):
+            server.client.chat.completions.create(model="tiny", messages=HELLO)
+    wait_idle(server)
+
+
+def test_json_carries_the_model_text_exactly(start_server) -> None:
+    """The terminal's escaping is for terminals: a reply full of escape sequences arrives byte for byte."""
+    server = start_server(scripted_model_and_tokenizer(HOSTILE_REPLY_PIECES))
+    whole = server.client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=40)
+    assert whole.choices[0].message.content == "".join(HOSTILE_REPLY_PIECES)
+    stream = server.client.chat.completions.create(model="tiny", messages=HELLO, stream=True, max_tokens=40)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == "".join(
+        HOSTILE_REPLY_PIECES
+    )
+
+
+def test_cors_is_off_unless_an_origin_is_given(start_server, scripted) -> None:
+    preflight = {
+        "Origin": "https://chat.example.org",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
+    closed = start_server(scripted)
+    assert (
+        "access-control-allow-origin"
+        not in closed.http.options(f"{closed.url}/v1/chat/completions", headers=preflight).headers
+    )
+    opened = start_server(scripted, cors=("https://chat.example.org",))
+    allowed = opened.http.options(f"{opened.url}/v1/chat/completions", headers=preflight)
+    assert (allowed.status_code, allowed.headers["access-control-allow-origin"]) == (200, "https://chat.example.org")
+    reply = opened.post({"messages": HELLO}, headers={"Origin": "https://chat.example.org"})
+    assert "x-streamchat-conversation" in reply.headers["access-control-expose-headers"].lower()
+    other = {**preflight, "Origin": "https://elsewhere.example"}
+    assert opened.http.options(f"{opened.url}/v1/chat/completions", headers=other).status_code == 400
