@@ -62,7 +62,7 @@ class Served:
 
 
 @dataclass
-class Conversation:
+class HeldConversation:
     """One conversation the server has opened: its journal, and its session while it is live."""
 
     journal: Journal
@@ -80,7 +80,7 @@ class Conversation:
 class Taken:
     """A conversation ready for a request's turn: live, busy, and what restoring it read."""
 
-    conversation: Conversation
+    conversation: HeldConversation
     restore_read: int = 0  # tokens read to make it live again (a replay), 0 when it was live or exact
 
 
@@ -89,7 +89,7 @@ class ConversationPool:
     served: Served
     max_live: int
     index: ConversationIndex = field(default_factory=ConversationIndex)
-    conversations: dict[str, Conversation] = field(default_factory=dict)
+    conversations: dict[str, HeldConversation] = field(default_factory=dict)
     _free: list[ChatSession] = field(default_factory=list)
     _made: int = 0
     _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
@@ -118,7 +118,7 @@ class ConversationPool:
 
     # ---- taking a conversation for a turn ---------------------------------------------------------
 
-    def named(self, conversation_id: str) -> Conversation:
+    def named(self, conversation_id: str) -> HeldConversation:
         """The conversation `conversation_id`, opened from its journal if this server has not yet; 404, 409."""
         known = self.conversations.get(conversation_id)
         if known is not None:
@@ -133,16 +133,16 @@ class ConversationPool:
             raise ApiError(409, str(error), code="conversation_unavailable") from None
         journal = self._journal()
         journal.resume(path, saved, descriptor)
-        conversation = Conversation(journal, rendered_tokens=self._lengths.pop(conversation_id, 0))
+        conversation = HeldConversation(journal, rendered_tokens=self._lengths.pop(conversation_id, 0))
         self.conversations[conversation_id] = conversation
         return conversation
 
-    def new(self) -> Conversation:
+    def new(self) -> HeldConversation:
         """A conversation without a journal file yet (it appears with the first message recorded)."""
-        return Conversation(self._journal())
+        return HeldConversation(self._journal())
 
     def take(
-        self, conversation: Conversation, history: list[Message] | None, system: str | None
+        self, conversation: HeldConversation, history: list[Message] | None, system: str | None
     ) -> Generator[Step, None, Taken]:
         """Make `conversation` live for a turn: `history` and `system` start a new one (replayed); a known one is
         restored from its state beside its journal (else replayed). 409 when another request holds it."""
@@ -162,7 +162,7 @@ class ConversationPool:
         conversation.last_used = next(self._clock)
         return Taken(conversation, read)
 
-    def release(self, conversation: Conversation) -> None:
+    def release(self, conversation: HeldConversation) -> None:
         conversation.busy = False
         conversation.last_used = next(self._clock)
         if conversation.id is not None:
@@ -173,7 +173,7 @@ class ConversationPool:
 
     # ---- parking -------------------------------------------------------------------------------------
 
-    def park(self, conversation: Conversation) -> None:
+    def park(self, conversation: HeldConversation) -> None:
         """Write `conversation`'s exact state beside its journal, give its session back and let go of its
         journal (a parked conversation holds no file open: `run --resume` may take it meanwhile)."""
         session = conversation.session
@@ -193,7 +193,7 @@ class ConversationPool:
             self.conversations.pop(conversation.id, None)
             self._lengths[conversation.id] = conversation.rendered_tokens
 
-    def drop(self, conversation: Conversation) -> None:
+    def drop(self, conversation: HeldConversation) -> None:
         """A turn failed half way: the session's cache may be torn, so it is emptied and given back; the
         conversation is read again from its journal when next asked for."""
         session = conversation.session
@@ -225,7 +225,7 @@ class ConversationPool:
             yield WAIT  # every live conversation is answering: wait for one to finish
 
     def _restore(
-        self, conversation: Conversation, session: ChatSession, history: list[Message] | None, system: str | None
+        self, conversation: HeldConversation, session: ChatSession, history: list[Message] | None, system: str | None
     ) -> Generator[Step, None, int]:
         path = conversation.journal.path
         if path is None:

@@ -20,7 +20,7 @@ from streamchat.cache.ledger import CacheStats
 from streamchat.errors import ConfigError
 from streamchat.generation.events import PromptSkipped, TextDelta, TurnFinished
 from streamchat.serve.openai_api import ApiError, ChatRequest, Message
-from streamchat.serve.pool import STEP, Conversation, ConversationPool, Step, Taken
+from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
 
 # The settings a request may set; one it leaves out gets the server's.
 REQUEST_SETTINGS = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
@@ -76,7 +76,7 @@ class Turn:
         finally:
             self.pool.release(conversation)
 
-    def _conversation(self) -> tuple[Conversation, list[Message] | None, str | None]:
+    def _conversation(self) -> tuple[HeldConversation, list[Message] | None, str | None]:
         if self.named is not None:
             return self.pool.named(self.named), None, None
         system = self.pool.system_for(self.request.system)
