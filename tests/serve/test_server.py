@@ -11,11 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
+from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import save_tiny_chat_model
 from tests.support.processes import in_foreground
 
@@ -28,27 +31,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 0)])
-def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
-    tmp_path: Path, signum: int, exit_code: int
-) -> None:
-    model = save_tiny_chat_model(tmp_path / "model")  # its replies never end by themselves
-    data = tmp_path / "data"
+@contextmanager
+def serving(model: Path, data: Path) -> Iterator[tuple[subprocess.Popen, str, httpx.Client]]:
+    """`streamchat serve` over `model` with its sessions in `data`, answering on a free 127.0.0.1 port;
+    killed at the end if it is still running."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "streamchat",
-        "serve",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--window",
-        "64",
-    ]
+    command = [sys.executable, "-m", "streamchat", "serve", "--model", str(model), "--port", str(port)]
     env = {**os.environ, "STREAMCHAT_DATA_DIR": str(data), "PYTHONPATH": str(Path.cwd())}
-    process = subprocess.Popen(in_foreground(command), env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(in_foreground([*command, "--window", "64"]), env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(trust_env=False, timeout=30) as client:
@@ -60,15 +50,25 @@ def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
                 except httpx.TransportError:
                     assert process.poll() is None and time.monotonic() < deadline
                     time.sleep(0.1)
-            done = client.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4})
-            body = {"messages": [{"role": "user", "content": "On and on."}], "stream": True, "max_tokens": 100_000}
-            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                in_flight = response.headers["x-streamchat-conversation"]
-                process.send_signal(signum)  # mid-reply: it stops within a step, and the stream ends whole
-                lines = [line for line in response.iter_lines() if line]
-        _, errors = process.communicate(timeout=30)
+            yield process, url, client
     finally:
         process.kill()
+
+
+@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 0)])
+def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
+    tmp_path: Path, signum: int, exit_code: int
+) -> None:
+    model = save_tiny_chat_model(tmp_path / "model")  # its replies never end by themselves
+    data = tmp_path / "data"
+    with serving(model, data) as (process, url, client):
+        done = client.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4})
+        body = {"messages": [{"role": "user", "content": "On and on."}], "stream": True, "max_tokens": 100_000}
+        with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            in_flight = response.headers["x-streamchat-conversation"]
+            process.send_signal(signum)  # mid-reply: it stops within a step, and the stream ends whole
+            lines = [line for line in response.iter_lines() if line]
+        _, errors = process.communicate(timeout=30)
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "stop"
     assert process.returncode == exit_code
@@ -79,3 +79,34 @@ def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
         assert (sessions / f"{conversation}.cache.safetensors").is_file()
     last = json.loads((sessions / f"{in_flight}.jsonl").read_text(encoding="utf-8").splitlines()[-1])
     assert (last["type"], last["stop_reason"]) == ("reply", "interrupted")
+
+
+def test_after_a_kill_mid_reply_every_conversation_goes_on_from_its_journal(tmp_path: Path) -> None:
+    model = save_tiny_chat_model(tmp_path / "model")
+    data = tmp_path / "data"
+    with serving(model, data) as (process, url, client):
+        answered = client.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4})
+        reply = answered.json()["choices"][0]["message"]["content"]
+        body = {"messages": [{"role": "user", "content": "On and on."}], "stream": True, "max_tokens": 100_000}
+        with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            in_flight = response.headers["x-streamchat-conversation"]
+            next(line for line in response.iter_lines() if '"content"' in line)  # the reply is under way
+            process.kill()  # kill -9: no state written, the reply in flight lost
+        process.wait(timeout=30)
+    first = answered.headers["x-streamchat-conversation"]
+    with serving(model, data) as (_, url, client):
+        # The first conversation, resent whole as a client does, is found again from its journal.
+        history = [*HELLO, {"role": "assistant", "content": reply}, {"role": "user", "content": "Again?"}]
+        again = client.post(f"{url}/v1/chat/completions", json={"messages": history, "max_tokens": 4})
+        # The one killed mid-reply goes on by its id: its message without a reply was left out.
+        named = {"x-streamchat-conversation": in_flight}
+        after = client.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4}, headers=named)
+    assert (again.status_code, again.headers["x-streamchat-conversation"]) == (200, first)
+    assert (after.status_code, after.headers["x-streamchat-conversation"]) == (200, in_flight)
+    sessions = data / "sessions"
+    assert [m["content"] for m in read_session(sessions / f"{first}.jsonl").messages][:3] == [
+        "Hello!",
+        reply,
+        "Again?",
+    ]
+    assert [m["content"] for m in read_session(sessions / f"{in_flight}.jsonl").messages][:1] == ["Hello!"]
