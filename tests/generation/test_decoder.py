@@ -115,7 +115,7 @@ def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_
         cache = SinkCache.for_model(model, SINKS, WINDOW)
         prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
         decoder = Decoder(model, cache)
-        decoder.start(forward(model, cache, prompt), greedy, Sampler(seed=11))
+        decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
         rebases = []
         for step in range(130):
             offset = cache.ledger.position_offset
