@@ -13,7 +13,7 @@ reply within a step; what was said is kept in the journal as stopped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
@@ -69,12 +69,14 @@ class Turn:
         conversation, history, system = self._conversation()
         taken = yield from self.pool.take(conversation, history, system)
         try:
-            yield from self._answer(taken)
+            finished = yield from self._answer(taken)
         except BaseException:
             self.pool.drop(conversation)
-            raise
-        finally:
             self.pool.release(conversation)
+            raise
+        # Free before the client hears that the reply is done: its next request may follow at once.
+        self.pool.release(conversation)
+        yield finished
 
     def _conversation(self) -> tuple[HeldConversation, list[Message] | None, str | None]:
         if self.named is not None:
@@ -89,7 +91,8 @@ class Turn:
                     raise  # its journal is gone, or another streamchat holds it: this history starts a new conversation
         return self.pool.new(), self.request.history, system
 
-    def _answer(self, taken: Taken) -> Iterator[Item | Step]:
+    def _answer(self, taken: Taken) -> Generator[Item | Step, None, Finished]:
+        """Answer the request's message in the conversation taken; the Finished item, for run() to yield."""
         conversation = taken.conversation
         session = conversation.session
         if session is None:
@@ -135,7 +138,7 @@ class Turn:
         conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
         self.pool.index.file(conversation.id, session.system_prompt, session.transcript)
         read = taken.restore_read + stats.prompt_tokens
-        yield Finished(
+        return Finished(
             reply=finished.reply,
             stop_reason=stats.stop_reason,
             prompt_tokens=prompt_tokens,
