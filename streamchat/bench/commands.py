@@ -436,29 +436,14 @@ def serve(
         }
         sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
         config = _configured(model, device, dtype, quantize, keep=keep, window=sizes.window)
-        forwarded = {"--model": model, "--keep": keep, "--window": sizes.window, "--device": device}
-        forwarded |= {"--dtype": dtype, "--quantize": quantize}
-        model_options = [part for flag, value in forwarded.items() if value is not None for part in (flag, str(value))]
+        model_options = bench.serve_options(
+            model=model, keep=keep, window=sizes.window, device=device, dtype=dtype, quantize=quantize
+        )
         gguf, reason = bench.llama_cpp_gguf(config.model, llama_server)
         if gguf is None:
             stderr.print(reason, markup=False)
-        rows, requests = [], []
-        for count in sizes.conversations:
-            servers = [bench.streamchat_server(model_options, count)]
-            if gguf is not None:
-                servers.append(bench.llama_cpp_server(gguf, sizes.n_ctx, count, llama_server, context_shift))
-            for server in servers:
-                stderr.print(f"{server.name}: {count} conversation(s) x {sizes.turns} turns", highlight=False)
-                try:
-                    records, seconds = bench.measure_row(server, sizes, count)
-                except ConfigError as error:
-                    if server.name == bench.STREAMCHAT:
-                        raise
-                    stderr.print(f"llama.cpp row skipped: {error}", markup=False)
-                    continue
-                kept = bench.system_prompt_kept(str(config.keep)) if server.name == bench.STREAMCHAT else None
-                rows.append(bench.summary_row(server.name, count, sizes.turns, records, seconds, kept))
-                requests += bench.request_rows(server.name, count, records)
+        servers = bench.Servers(model_options, str(config.keep), gguf, llama_server, context_shift)
+        rows, requests = bench.measure(servers, sizes, lambda text: stderr.print(text, markup=False, highlight=False))
         title = (
             f"Serving: {escape(config.model)}, {sizes.turns} turns, at most {sizes.max_new_tokens} tokens a reply, "
             f"greedy, the whole history resent; streamchat window {config.window}, llama.cpp n_ctx {sizes.n_ctx}"

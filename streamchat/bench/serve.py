@@ -11,19 +11,12 @@ into a temporary data directory, removed after, so the user's sessions stay as t
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import importlib.util
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,21 +24,19 @@ from typing import TYPE_CHECKING
 from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.loading.resolve import packaged_gguf
-from streamchat.measure.chat_client import Endpoint, TurnRecord, Workload, run_conversations, served_model
+from streamchat.measure.chat_client import TurnRecord, Workload, run_conversations, served_model
 from streamchat.measure.report import Column, Row
+from streamchat.measure.server_process import HOST, ServerCommand, running
 from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 STREAMCHAT, LLAMA_CPP = "streamchat", "llama.cpp"
-HOST = "127.0.0.1"
 # Turns whose first-token times are "early" (from the second: the first reads only the system prompt) and
 # how many last turns are "late".
 EARLY_TURNS = range(2, 12)
 LATE_TURNS = 10
-STOP_SECONDS = 20  # a server that has not exited this long after SIGTERM is killed
-POLL_SECONDS = 0.1
 # The packages `python -m llama_cpp.server` imports (llama-cpp-python[server]).
 LLAMA_CPP_SERVER_MODULES = ("llama_cpp", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 
@@ -91,17 +82,14 @@ def parse_conversations(text: str | None) -> tuple[int, ...] | None:
 # ---- the servers --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ServerCommand:
-    """How to start one server on a port: its command line, environment additions and readiness path."""
-
-    name: str
-    args: tuple[str, ...]  # "{port}" stands for the port
-    health_path: str
-    environment: tuple[tuple[str, str], ...] = ()
-
-    def command_line(self, port: int) -> list[str]:
-        return [part.replace("{port}", str(port)) for part in self.args]
+def serve_options(**given: object) -> tuple[str, ...]:
+    """`serve`'s options as typed, for those given: serve_options(model="m", window=None) -> ("--model", "m")."""
+    return tuple(
+        part
+        for name, value in given.items()
+        if value is not None
+        for part in (f"--{name.replace('_', '-')}", str(value))
+    )
 
 
 def streamchat_server(model_options: Sequence[str], conversations: int) -> ServerCommand:
@@ -158,87 +146,6 @@ def llama_cpp_gguf(model: str, llama_server: Path | None) -> tuple[Path | None, 
     return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the OS's choice)."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(server: ServerCommand, start_timeout: float) -> Iterator[Endpoint]:
-    """`server` started on a free port and ready; stopped (SIGTERM, then SIGKILL) when the block ends, however.
-
-    A server that exits or does not answer in time is a ConfigError with the last line it wrote.
-    """
-    endpoint = Endpoint(HOST, free_port())
-    with tempfile.TemporaryDirectory(prefix="streamchat-bench-serve-") as scratch:
-        environment = dict(os.environ, **dict(server.environment))
-        # streamchat's conversations go to a data directory of their own, not the user's sessions.
-        environment[defaults.DATA_DIR_ENV] = str(Path(scratch) / "data")
-        log_path = Path(scratch) / "server.log"
-        with log_path.open("wb") as log:
-            # A session of its own: Ctrl-C in the terminal reaches the bench, which stops the server in order.
-            process = subprocess.Popen(
-                server.command_line(endpoint.port),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                start_new_session=True,
-            )
-            try:
-                _wait_ready(server, endpoint, process, log_path, start_timeout)
-                yield endpoint
-            finally:
-                _stop(process)
-
-
-def _wait_ready(
-    server: ServerCommand, endpoint: Endpoint, process: subprocess.Popen[bytes], log: Path, timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise ConfigError(f"{server.name} server exited with code {process.returncode}: {_last_line(log)}")
-        if _answers(endpoint, server.health_path):
-            return
-        if time.monotonic() > deadline:
-            raise ConfigError(f"{server.name} server did not answer within {timeout:g} s: {_last_line(log)}")
-        time.sleep(POLL_SECONDS)
-
-
-def _answers(endpoint: Endpoint, path: str) -> bool:
-    connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=2)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _last_line(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    if not lines:
-        return "it wrote nothing"
-    # Its own "error: ..." line goes into the bench's, which says "error:" already.
-    return lines[-1].removeprefix("error:").strip()
-
-
 def measure_row(server: ServerCommand, sizes: ServeSizes, conversations: int) -> tuple[list[TurnRecord], float]:
     """One row: a fresh server, `conversations` side by side; the records and the wall seconds."""
     workload = Workload(conversations, sizes.turns, sizes.max_new_tokens, sizes.request_timeout, sizes.time_limit)
@@ -248,6 +155,45 @@ def measure_row(server: ServerCommand, sizes: ServeSizes, conversations: int) ->
             return run_conversations(endpoint, served_model(endpoint, sizes.request_timeout), workload, stop)
         finally:
             stop.set()  # on Ctrl-C, no conversation sends another turn to the server being stopped
+
+
+@dataclass(frozen=True)
+class Servers:
+    """What runs: streamchat with the model options given, and llama.cpp when it has a GGUF."""
+
+    model_options: tuple[str, ...]  # `serve`'s model and cache options, as typed
+    keep: str  # streamchat's --keep, resolved
+    gguf: Path | None = None
+    llama_server: Path | None = None
+    context_shift: bool = False
+
+    def for_conversations(self, conversations: int, n_ctx: int) -> list[ServerCommand]:
+        servers = [streamchat_server(self.model_options, conversations)]
+        if self.gguf is not None:
+            servers.append(llama_cpp_server(self.gguf, n_ctx, conversations, self.llama_server, self.context_shift))
+        return servers
+
+
+def measure(servers: Servers, sizes: ServeSizes, note: Callable[[str], None]) -> tuple[list[Row], list[Row]]:
+    """A row per (conversations, server) and a CSV row per request. A llama.cpp server that fails to
+    start loses its row, with a note; streamchat's failing is the bench's error."""
+    rows: list[Row] = []
+    requests: list[Row] = []
+    for count in sizes.conversations:
+        for server in servers.for_conversations(count, sizes.n_ctx):
+            note(f"{server.name}: {count} conversation(s) x {sizes.turns} turns")
+            try:
+                records, seconds = measure_row(server, sizes, count)
+            except ConfigError as error:
+                if server.name == STREAMCHAT:
+                    raise
+                note(f"llama.cpp row skipped: {error}")
+                continue
+            kept = system_prompt_kept(servers.keep) if server.name == STREAMCHAT else None
+            rows.append(summary_row(server.name, count, sizes.turns, records, seconds, kept))
+            requests += request_rows(server.name, count, records)
+            note(describe(rows[-1], seconds))
+    return rows, requests
 
 
 # ---- figures ------------------------------------------------------------------------------------
@@ -323,6 +269,13 @@ def summary_row(
         "system_prompt": system_prompt,
         "last_cache": caches[-1] if caches else None,
     }
+
+
+def describe(row: Row, seconds: float) -> str:
+    """A row in one progress line: "  in 81.2 s: 31.5 tok/s, 0 errors, 0 empty replies"."""
+    rate = row["tokens_per_second"]
+    shown = "no" if rate is None else f"{rate:.1f}"
+    return f"  in {seconds:.1f} s: {shown} tok/s, {row['errors']} errors, {row['empty']} empty replies"
 
 
 REQUEST_COLUMNS = (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,8 @@ def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 def test_serve_quick_runs_two_conversations_of_three_turns(tiny_model_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("STREAMCHAT_DATA_DIR", str(tmp_path / "user-data"))
+    # A key the user serves with is not the bench's: its loopback server wants none.
+    monkeypatch.setenv("STREAMCHAT_API_KEY", "the-users-key")
     out = tmp_path / "results"
     result = CliRunner().invoke(
         bench_app,
@@ -71,24 +72,6 @@ def test_a_server_that_fails_to_start_is_one_line(tmp_path) -> None:
         f"error: streamchat server exited with code 3: no such file or directory: {tmp_path / 'missing'}"
     ]
     assert "Traceback" not in result.output
-
-
-def test_a_server_is_stopped_when_the_block_fails(tmp_path) -> None:
-    server = bench.ServerCommand(
-        "static", (sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "-d", str(tmp_path)), "/"
-    )
-    with pytest.raises(RuntimeError), bench.running(server, start_timeout=20) as endpoint:
-        assert bench._answers(endpoint, "/")
-        raise RuntimeError("the bench failed")
-    assert not bench._answers(endpoint, "/")
-
-
-def test_a_server_that_never_answers_is_stopped_and_said(tmp_path) -> None:
-    script = "import time; print('still loading', flush=True); time.sleep(60)"
-    server = bench.ServerCommand("silent", (sys.executable, "-c", script), "/health")
-    failure = r"silent server did not answer within 0.5 s: still loading"
-    with pytest.raises(ConfigError, match=failure), bench.running(server, start_timeout=0.5):
-        pass
 
 
 def test_llama_cpp_command_lines(tmp_path) -> None:
