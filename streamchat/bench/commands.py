@@ -390,7 +390,11 @@ def serve(
     turns: Annotated[int | None, _size("User turns per conversation.", 40)] = None,
     max_new_tokens: Annotated[int | None, _size("Most tokens per reply (max_tokens).", 64)] = None,
     window: Annotated[
-        int | None, _size(f"streamchat's {WINDOW_HELP.lower()} As for `serve`, also from the environment.", "serve's")
+        int | None,
+        _size(
+            "Recent tokens streamchat's cache keeps, as `serve --window`; also from the environment and config file.",
+            f"{defaults.WINDOW}",
+        ),
     ] = None,
     n_ctx: Annotated[int | None, _size("llama.cpp's context per conversation, in tokens.", 2048)] = None,
     llama_server: Annotated[

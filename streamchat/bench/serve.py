@@ -139,7 +139,7 @@ def llama_cpp_gguf(model: str, llama_server: Path | None) -> tuple[Path | None, 
     if llama_server is not None and not llama_server.is_file():
         return None, f"llama.cpp row skipped: --llama-server {llama_server} is not a file"
     if model.endswith(".gguf"):
-        return Path(model), ""
+        return Path(model).expanduser(), ""
     if model != defaults.DEFAULT_MODEL:
         return None, f"llama.cpp row skipped: {model} is not a GGUF file"
     gguf = packaged_gguf(defaults.DEFAULT_MODEL)
