@@ -1,4 +1,4 @@
-"""`streamchat bench ppl|speed|keep|display|decode`: the Typer sub-app (streamchat.cli mounts it as `bench`).
+"""`streamchat bench ppl|speed|keep|display|decode|serve`: the Typer sub-app (streamchat.cli mounts it as `bench`).
 
 The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come
 from the environment and the config file. Each command prints a table and the target
@@ -19,7 +19,14 @@ from rich.markup import escape
 from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig, load_options, load_run_config
-from streamchat.interface.options import DeviceOption, DtypeOption, ModelOption, QuantizeOption, TpOption
+from streamchat.interface.options import (
+    DeviceOption,
+    DtypeOption,
+    KeepOption,
+    ModelOption,
+    QuantizeOption,
+    TpOption,
+)
 from streamchat.interface.reporting import notify, reported_errors, stderr
 from streamchat.measure.report import print_report, save_results
 from streamchat.measure.sizes import sizes_for
@@ -372,6 +379,94 @@ def decode(
         print_report(_stdout(), title, columns, rows, checks, caption)
         save_results(
             out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
+        )
+
+
+@bench_app.command()
+def serve(
+    conversations: Annotated[
+        str | None, _size("Conversations side by side, comma-separated: a row per value.", "1,2,4")
+    ] = None,
+    turns: Annotated[int | None, _size("User turns per conversation.", 40)] = None,
+    max_new_tokens: Annotated[int | None, _size("Most tokens per reply (max_tokens).", 64)] = None,
+    window: Annotated[
+        int | None,
+        _size(
+            "Recent tokens streamchat's cache keeps, as `serve --window`; also from the environment and config file.",
+            f"{defaults.WINDOW}",
+        ),
+    ] = None,
+    n_ctx: Annotated[int | None, _size("llama.cpp's context per conversation, in tokens.", 2048)] = None,
+    llama_server: Annotated[
+        Path | None,
+        typer.Option(
+            "--llama-server",
+            help="A llama.cpp `llama-server` binary to run instead of llama-cpp-python's server.",
+            show_default=False,
+        ),
+    ] = None,
+    context_shift: Annotated[
+        bool, typer.Option("--context-shift", help="Start llama-server with --context-shift (past n_ctx: shift).")
+    ] = False,
+    time_limit: Annotated[
+        int | None, _size("Seconds each row may run; turns not sent by then are errors.", 3600)
+    ] = None,
+    model: ModelOption = None,
+    keep: KeepOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """The HTTP API as clients use it: C conversations of T turns, the whole history resent every turn.
+
+    Starts `streamchat serve` (with the model options given), then llama.cpp's server on the
+    same GGUF when installed (llama-cpp-python[server], or --llama-server PATH), each afresh
+    for every row, on 127.0.0.1. Per row: generated tokens/s over all conversations, time to
+    first token early (turns 2-11) and late (the last 10), prompt tokens sent and read per
+    turn, errors and empty replies.
+    """
+    from streamchat.bench import serve as bench
+
+    with reported_errors():
+        given = {
+            "conversations": bench.parse_conversations(conversations),
+            "turns": turns,
+            "max_new_tokens": max_new_tokens,
+            "window": window,
+            "n_ctx": n_ctx,
+            "time_limit": time_limit,
+        }
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
+        config = _configured(model, device, dtype, quantize, keep=keep, window=sizes.window)
+        model_options = bench.serve_options(
+            model=model, keep=keep, window=sizes.window, device=device, dtype=dtype, quantize=quantize
+        )
+        gguf, reason = bench.llama_cpp_gguf(config.model, llama_server)
+        if gguf is None:
+            stderr.print(reason, markup=False)
+        servers = bench.Servers(model_options, str(config.keep), gguf, llama_server, context_shift)
+        rows, requests = bench.measure(servers, sizes, lambda text: stderr.print(text, markup=False, highlight=False))
+        title = (
+            f"Serving: {escape(config.model)}, {sizes.turns} turns, at most {sizes.max_new_tokens} tokens a reply, "
+            f"greedy, the whole history resent; streamchat window {config.window}, llama.cpp n_ctx {sizes.n_ctx}"
+        )
+        caption = (
+            f"early: turns {bench.EARLY_TURNS.start}-{bench.EARLY_TURNS.stop - 1}; late: the last "
+            f"{bench.LATE_TURNS}; read = prompt_tokens - cached_tokens, as the server reports them"
+        )
+        columns = bench.columns()
+        print_report(_stdout(), title, columns, rows, [], caption)
+        save_results(
+            out,
+            {
+                "serve.csv": ([column.key for column in columns], rows),
+                "serve-requests.csv": (bench.REQUEST_COLUMNS, requests),
+            },
+            {"serve-ttft.png": bench.draw_ttft(requests)},
+            console=_stdout(),
+            notes=stderr,
         )
 
 
