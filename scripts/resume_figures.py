@@ -25,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from streamchat.app.resuming import restored, save_state
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.generation.events import Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
-from streamchat.interface.sessions import state_key
+from streamchat.interface.sessions import restored, save_state, state_key
 from streamchat.interface.transcript import UserTurn, read_transcript_file
 from streamchat.loading import LoadOptions, load_model
 from streamchat.storage.journal import Journal

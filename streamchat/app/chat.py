@@ -18,12 +18,13 @@ from typing import Any
 from streamchat import defaults
 from streamchat.app import commands
 from streamchat.app.repl import Prompter
-from streamchat.app.resuming import load_session, save_state
+from streamchat.app.resuming import load_session
 from streamchat.app.typeahead import keys_held
 from streamchat.conversation.calls import Conversation
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line
+from streamchat.interface.sessions import save_state
 from streamchat.interface.signals import Interrupted, termination_deferred
 from streamchat.interface.status import first_words, status_figures
 from streamchat.storage.cache_file import StateKey

@@ -19,14 +19,14 @@ from rich.console import Console
 from rich.text import Text
 
 from streamchat import __version__
-from streamchat.app.resuming import save_state, session_to_resume
+from streamchat.app.resuming import session_to_resume
 from streamchat.app.typeahead import keys_held
 from streamchat.errors import StreamchatError
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.display import ChatDisplay
 from streamchat.interface.reporting import notify, reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
-from streamchat.interface.sessions import data_dir, session_for, state_key
+from streamchat.interface.sessions import data_dir, save_state, session_for, state_key
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 from streamchat.placement.quantization import precision_label

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamchat.conversation.state import TensorState
 from streamchat.errors import ConfigError
-from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
+from streamchat.interface.sessions import restored
+from streamchat.storage.cache_file import StateKey
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
 
@@ -73,25 +73,3 @@ def load_session(
     elif saved.version != JOURNAL_VERSION:
         journal.new_conversation()  # an old JSON file: the conversation goes on in a new journal
     return events, saved
-
-
-def restored(session: Conversation, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
-    """The events of making `session` the conversation `saved` (read from `path`): exactly, with the cache
-    state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
-    found = read_state(state_path(path), key, saved) if key is not None else None
-    tensors = found if isinstance(found, TensorState) else None
-    return session.restore(saved.state(tensors), found if isinstance(found, str) else None)
-
-
-def save_state(session: Conversation, session_path: Path | None, key: StateKey | None) -> int | None:
-    """Write the cache state beside the session file at `session_path`; its size, None when nothing was written
-    (no file, no key, or no whole conversation in the cache: a turn torn off half way).
-
-    SessionFileError when it cannot be written.
-    """
-    if session_path is None or key is None:
-        return None
-    state = session.snapshot()
-    if state.tensors is None:
-        return None
-    return write_state(state_path(session_path), state, key)

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import platformdirs
 
 from streamchat import defaults
+from streamchat.conversation.state import TensorState
+from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
+from streamchat.storage.session_file import SavedSession
 
-# Imported when used: `streamchat --version` and `streamchat sessions` start without torch.
 if TYPE_CHECKING:
+    from streamchat.conversation.calls import Conversation
     from streamchat.conversation.session import ChatSession
     from streamchat.generation.decoder import StepChannel
+    from streamchat.generation.events import Event
     from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
-    from streamchat.storage.cache_file import StateKey
 
 
 def data_dir() -> Path:
@@ -64,7 +68,6 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
 def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
     """What a cache state saved by this run is valid for."""
     from streamchat.loading.identity import quantization_of, weights_fingerprint
-    from streamchat.storage.cache_file import StateKey
 
     return StateKey(
         model=loaded.source.location,
@@ -75,3 +78,25 @@ def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
         keep=str(config.keep),
         window=config.window,
     )
+
+
+def restored(session: Conversation, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
+    """The events of making `session` the conversation `saved` (read from `path`): exactly, with the cache
+    state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
+    found = read_state(state_path(path), key, saved) if key is not None else None
+    tensors = found if isinstance(found, TensorState) else None
+    return session.restore(saved.state(tensors), found if isinstance(found, str) else None)
+
+
+def save_state(session: Conversation, session_path: Path | None, key: StateKey | None) -> int | None:
+    """Write the cache state beside the session file at `session_path`; its size, None when nothing was written
+    (no file, no key, or no whole conversation in the cache: a turn torn off half way).
+
+    SessionFileError when it cannot be written.
+    """
+    if session_path is None or key is None:
+        return None
+    state = session.snapshot()
+    if state.tensors is None:
+        return None
+    return write_state(state_path(session_path), state, key)

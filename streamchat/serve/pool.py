@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamchat.conversation.state import ConversationState, TensorState
+from streamchat.conversation.state import ConversationState
 from streamchat.errors import SessionFileError
-from streamchat.generation.events import Replayed
+from streamchat.generation.events import NotResumed, Replayed
+from streamchat.interface.sessions import restored, save_state
 from streamchat.serve.matching import ConversationIndex, is_session_id
 from streamchat.serve.openai_api import ApiError, Message
-from streamchat.storage.cache_file import read_state, state_path, write_state
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, read_session
 
@@ -178,13 +178,11 @@ class ConversationPool:
         journal (a parked conversation holds no file open: `run --resume` may take it meanwhile)."""
         session = conversation.session
         path = conversation.journal.path
-        if session is not None and path is not None and self.served.key is not None:
-            state = session.snapshot(tensors=True)
-            if state.tensors is not None:
-                try:
-                    write_state(state_path(path), state, self.served.key)
-                except SessionFileError as error:
-                    log.warning("%s; it will be replayed", error)
+        if session is not None:
+            try:
+                save_state(session, path, self.served.key)
+            except SessionFileError as error:
+                log.warning("%s; it will be replayed", error)
         if session is not None:
             conversation.session = None
             self._free.append(session)
@@ -230,20 +228,16 @@ class ConversationPool:
         path = conversation.journal.path
         if path is None:
             state = ConversationState(list(history or []), system, dict(self.base_settings))
-            events, why = session.restore(state), None
+            events = session.restore(state)
         else:
-            saved = read_session(path)
-            found = read_state(state_path(path), self.served.key, saved) if self.served.key else None
-            tensors = found if isinstance(found, TensorState) else None
-            events = session.restore(saved.state(tensors), found if isinstance(found, str) else None)
-            why = found
+            events = restored(session, read_session(path), path, self.served.key)
         read = 0
         for event in events:
             if isinstance(event, Replayed):
                 read = event.tokens
+            elif isinstance(event, NotResumed):
+                log.info("conversation %s replayed: %s", conversation.id, event.reason)
             yield STEP
-        if isinstance(why, str):
-            log.info("conversation %s replayed: %s", conversation.id, why)
         if not conversation.rendered_tokens:  # a parked conversation's length was kept; a new or saved one is counted
             feeds = session.chat_format.conversation_ids(session.transcript)
             conversation.rendered_tokens = sum(len(ids) for ids in feeds)
