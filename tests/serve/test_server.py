@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from streamchat.measure.server_process import free_port
 from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import save_tiny_chat_model
 from tests.support.processes import in_foreground
 
 HELLO = [{"role": "user", "content": "Hello!"}]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager
