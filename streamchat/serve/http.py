@@ -39,7 +39,6 @@ from streamchat.serve.turn import Delta, Finished, Started, Turn
 from streamchat.serve.worker import END, Job, Worker
 from streamchat.storage.session_file import list_sessions
 
-CONVERSATION_HEADER = NAMING_HEADER
 CACHE_HEADER = "X-Streamchat-Cache"
 
 
@@ -96,7 +95,7 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ApiError(400, f"the request body is not valid JSON ({error})") from None
         chat = api.chat_request(parsed, options.limits)
-        turn = Turn(pool, chat, request.headers.get(CONVERSATION_HEADER))
+        turn = Turn(pool, chat, request.headers.get(NAMING_HEADER))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         if not worker.submit(Job(turn, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))):
@@ -114,7 +113,7 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
             raise ApiError(500, "the reply ended before it started", kind="server_error")
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if chat.stream:
-            headers = {CONVERSATION_HEADER: first.conversation, CACHE_HEADER: cache_header(first.cache)}
+            headers = {NAMING_HEADER: first.conversation, CACHE_HEADER: cache_header(first.cache)}
             events = _stream(queue, turn, reply_id, created, model, chat.include_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         return await _whole(queue, first, reply_id, created, model)
@@ -136,8 +135,8 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
                 CORSMiddleware,
                 allow_origins=list(options.cors),
                 allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", CONVERSATION_HEADER],
-                expose_headers=[CONVERSATION_HEADER, CACHE_HEADER],
+                allow_headers=["Authorization", "Content-Type", NAMING_HEADER],
+                expose_headers=[NAMING_HEADER, CACHE_HEADER],
             )
         )
     routes = [
@@ -175,7 +174,7 @@ async def _whole(queue: asyncio.Queue[object], started: Started, reply_id: str, 
         if isinstance(item, Finished):
             used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
             body = api.completion(reply_id, created, model, item.reply, api.finish_reason(item.stop_reason), used)
-            headers = {CONVERSATION_HEADER: started.conversation, CACHE_HEADER: cache_header(item.cache)}
+            headers = {NAMING_HEADER: started.conversation, CACHE_HEADER: cache_header(item.cache)}
             return JSONResponse(body, headers=headers)
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamchat.serve")
 
 # The header a request names its conversation with (streamchat.serve.http reads it).
-NAMING_HEADER = "X-Streamchat-Conversation"
+NAMING_HEADER = "X-Streamchat-Conversation"  # also on every reply: the conversation it continued
 
 
 class Step:
