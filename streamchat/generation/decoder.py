@@ -36,6 +36,7 @@ from streamchat.cache import SinkCache, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
+from streamchat.generation.lean_forward import lean_forward_for
 from streamchat.generation.sampling import Draw, Sampler, TokenDraw, make_draw, penalize_held
 from streamchat.generation.settings import GenerationSettings
 
@@ -51,6 +52,19 @@ def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tens
         use_cache=True,
         logits_to_keep=1,
     ).logits
+
+
+def step_function(model: Any, lean: bool = True) -> Any:
+    """decode_step, or the same step through the lean forward where the model has one (generation/lean_forward.py)."""
+    forward = lean_forward_for(model) if lean else None
+    if forward is None:
+        return decode_step
+
+    def lean_decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
+        inputs = cache.decode_inputs(token)
+        return forward(token, inputs.position_ids, inputs.attention_mask, cache)
+
+    return lean_decode_step
 
 
 class StepChannel(Protocol):
@@ -83,6 +97,7 @@ class Decoder:
         compile_backend: str | None = None,
         vocab_size: int | None = None,
         channel: StepChannel | None = None,
+        lean: bool = True,
     ) -> None:
         self.model = model
         self.channel = channel
@@ -93,7 +108,8 @@ class Decoder:
         # Rows past the tokenizer's vocabulary (padding some models add) are never drawn.
         self.vocab_size = vocab_size
         self.compile_seconds: float | None = None  # how long the first compiled step took
-        self._step_fn = _compiled_step(self.device, compile_backend) if compile_backend else decode_step
+        step = step_function(model, lean)
+        self._step_fn = _compiled_step(self.device, compile_backend, step) if compile_backend else step
         self._reader = _Reader(self.device)
         self._row: torch.Tensor | None = None  # the logits the next token is drawn from [vocab]
         self._previous_row: torch.Tensor | None = None
@@ -239,10 +255,10 @@ def compile_backend(setting: str, device: torch.device) -> str | None:
     return "inductor" if setting == "on" else None
 
 
-def _compiled_step(device: torch.device, backend: str) -> Any:
-    """decode_step compiled to one graph: with CUDA graphs on a GPU, where launching kernels one by one is the cost."""
+def _compiled_step(device: torch.device, backend: str, step: Any) -> Any:
+    """A decode step compiled to one graph: with CUDA graphs on a GPU, where launching kernels one by one is the cost."""
     mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-    return torch.compile(decode_step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    return torch.compile(step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
 
 def _mark_graph_step(device: torch.device) -> None:

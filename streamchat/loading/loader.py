@@ -18,6 +18,7 @@ from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
 from streamchat.placement.device import Placement, detect_accelerators, plan_placement
+from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
@@ -107,6 +108,8 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
     parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
     quantizing = time.perf_counter()
+    if options.tp_size == 1:
+        fuse_projections(model)  # before quantizing: the fused layers are quantized whole
     quantize_model(model, quantization)
     quantize_seconds = time.perf_counter() - quantizing
     text_config = config.get_text_config(decoder=True)
