@@ -256,7 +256,7 @@ def compile_backend(setting: str, device: torch.device) -> str | None:
 
 
 def _compiled_step(device: torch.device, backend: str, step: Any) -> Any:
-    """A decode step compiled to one graph: with CUDA graphs on a GPU, where launching kernels one by one is the cost."""
+    """A decode step compiled to one graph: with CUDA graphs on a GPU, where launching kernels one by one costs."""
     mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
     return torch.compile(step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
