@@ -6,11 +6,14 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo
 from transformers import DynamicCache
 
 from streamchat.cache import SinkCache, forward
-from streamchat.generation.decoder import decode_step
+from streamchat.generation.decoder import Decoder, decode_step
 from streamchat.generation.lean_forward import lean_forward_for
+from streamchat.generation.sampling import Sampler
+from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.device import Accelerators
 from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.quantization import plan_quantization, quantize_model
@@ -117,3 +120,25 @@ def test_other_families_have_no_lean_step(model_type):
 
 def test_an_unfused_model_has_no_lean_step():
     assert lean_forward_for(tiny_model("llama")) is None
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_the_compiled_lean_step_is_one_graph_that_never_recompiles_and_matches_eager(quantize):
+    fused = fused_copy(tiny_model("llama", dtype=torch.bfloat16), quantize)
+    greedy = GenerationSettings(temperature=0.0)
+    eager = stream(fused, None, greedy)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = stream(fused, "aot_eager", greedy)  # fullgraph=True: a graph break would raise
+    assert compiled == eager
+    assert len(set(eager)) > 2
+
+
+def stream(model: torch.nn.Module, backend: str | None, settings: GenerationSettings) -> list[int]:
+    """STEPS tokens through SINKS + WINDOW slots after a PROMPT-token prompt, by the decoder (the lean step)."""
+    cache = SinkCache.for_model(model, SINKS, WINDOW)
+    decoder = Decoder(model, cache, compile_backend=backend)
+    assert decoder._step_fn is not decode_step  # the lean step, compiled or not
+    prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
+    return [decoder.next().token for _ in range(STEPS)]
