@@ -8,7 +8,7 @@ and the masks, one token's step needs little of that:
 
     embed -> for each layer:  RMSNorm, qkv (one fused product), rotary on q and k together,
                               cache.update (the sink cache writes the slot), attention
-                              (queries packed per KV head: each KV head read once), o_proj,
+                              (placement/attention.py: each KV head read once), o_proj,
                               residual, RMSNorm, gate_up (one fused product), SiLU(gate) * up,
                               down, residual
           -> final RMSNorm -> lm_head
@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from streamchat.placement.attention import decode_attention
 from streamchat.placement.fusion import FusedProjection, fusable
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
@@ -92,11 +93,8 @@ class LeanForward:
             rotated = query_key * cos + query_key.roll(self.head_dim // 2, dims=-1) * sin
             queries, keys = rotated.split((self.q_heads, self.kv_heads), dim=2)
             keys, values = cache.update(keys.transpose(1, 2), value.transpose(1, 2), layer.index)
-            # Queries packed per KV head: [batch, kv_heads, group, head_dim] (1 query each, heads grouped).
-            packed = queries.reshape(batch, self.kv_heads, self.q_heads // self.kv_heads, self.head_dim)
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                packed, keys, values, attn_mask=mask, scale=self.scaling
-            )
+            # [batch, 1, q_heads, head_dim] -> [batch, q_heads, 1, head_dim]; out [batch, 1, q_heads, head_dim].
+            attended = decode_attention(queries.transpose(1, 2), keys, values, mask, self.scaling)
             hidden = hidden + layer.o_proj(attended.reshape(batch, 1, self.q_heads * self.head_dim))
             gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
