@@ -68,7 +68,7 @@ class RecallSizes:
 FULL = RecallSizes(
     window=defaults.RECALL_BENCH_WINDOW,
     reply_tokens=defaults.RECALL_BENCH_REPLY_TOKENS,
-    answer_tokens=24,
+    answer_tokens=16,
     facts=defaults.RECALL_BENCH_FACTS,
     distractors=6,
     ttft_turns=defaults.RECALL_BENCH_TURN,
