@@ -28,8 +28,9 @@ RECALL_MAX_PASSAGES = 3
 RECALL_WINDOW_SHARE = 0.25
 # Longest passage, in words: a long message is cut into runs of sentences up to this.
 RECALL_PASSAGE_WORDS = 48
-# The relevance bar: a passage's BM25 score as a fraction of the most the query's words could score
-# (streamchat bench recall: its facts score at least ..., its distractors at most ...).
+# The relevance bar: the share of a message's word weight (the idf of its words) a passage must hold;
+# a word never said weighs the most (scripts/recall_search_check.py: the bench's facts hold 0.67 and
+# more of their question's weight, its distractors at most 0.43).
 RECALL_MIN_RELEVANCE = 0.5
 
 # The model used when no --model is given.

@@ -96,6 +96,7 @@ class Asked:
     matched: bool  # the greedy reply holds the key
     reply: str
     recalled: tuple[int, ...]  # messages the recall note brought back (none: no note)
+    relevance: float = 0.0  # the most of the question's word weight any evicted passage holds (the bar's measure)
 
 
 @dataclass(frozen=True)
@@ -159,21 +160,7 @@ class RecallBench:
     def run(
         self, facts: list[Fact], distractors: list[Fact], filler: list[str]
     ) -> tuple[list[FactResult], list[DistractorResult]]:
-        session = self.session
-        stated: list[tuple[Fact, int, Asked]] = []
-        for number, fact in enumerate(facts, start=1):
-            message = len(session.transcript)
-            _drain(session.chat(fact.statement))
-            stated.append((fact, message, self.ask([fact], ("off",))["off"][0]))
-            self.on_step(f"fact {number}/{len(facts)} stated and asked while in the window")
-        last_fact = stated[-1][1]
-        turns = 0
-        while session.cache_view().forgotten_messages <= last_fact + 1:
-            if turns >= 20 * len(filler):
-                raise ConfigError("the facts never left the window: lower --window")
-            _drain(session.chat(filler[turns % len(filler)]))
-            turns += 1
-            self.on_step(f"filler turn {turns}: {session.cache_view().forgotten_messages} messages evicted")
+        stated = self.evict(facts, filler)
         asked = [*facts, *distractors]
         answers = self.ask(asked, ("off", "auto"))
         off, on = answers["off"], answers["auto"]
@@ -189,8 +176,29 @@ class RecallBench:
         ]
         return results, others
 
-    def ask(self, facts: list[Fact], modes: tuple[str, ...]) -> dict[str, list[Asked]]:
-        """Ask each of `facts`' questions now with each recall mode of `modes`, each taken back before the next.
+    def evict(self, facts: list[Fact], filler: list[str]) -> list[tuple[Fact, int, Asked]]:
+        """State the facts (each asked for while in the window, the ceiling), then filler until all have left it:
+        (fact, its statement's message, the ceiling) for each."""
+        session = self.session
+        stated: list[tuple[Fact, int, Asked]] = []
+        for number, fact in enumerate(facts, start=1):
+            message = len(session.transcript)
+            _drain(session.chat(fact.statement))
+            stated.append((fact, message, self.ask([fact], ("off",))["off"][0]))
+            self.on_step(f"fact {number}/{len(facts)} stated and asked while in the window")
+        last_fact = stated[-1][1]
+        turns = 0
+        while session.cache_view().forgotten_messages <= last_fact + 1:
+            if turns >= 20 * len(filler):
+                raise ConfigError("the facts never left the window: lower --window")
+            _drain(session.chat(filler[turns % len(filler)]))
+            turns += 1
+            self.on_step(f"filler turn {turns}: {session.cache_view().forgotten_messages} messages evicted")
+        return stated
+
+    def ask(self, facts: list[Fact], modes: tuple[str, ...], greedy: bool = True) -> dict[str, list[Asked]]:
+        """Ask each of `facts`' questions now with each recall mode of `modes`, each taken back before the next
+        (`greedy` False: the teacher-forced probes only, no reply; `matched` is then False).
 
         Every teacher-forced probe reads the cache as it stands (each is taken back slot for slot) before any
         greedy reply is asked for: a cache restored after a reply is not bit for bit the one before it.
@@ -198,6 +206,9 @@ class RecallBench:
         session = self.session
         chat_format = session.chat_format
         probes: dict[str, list[tuple[float, RecalledNote | None]]] = {}
+        relevance = [
+            max((found.relevance for found in session.recall_search(fact.question, 0.0)), default=0.0) for fact in facts
+        ]
         for mode in modes:
             session.recall = mode
             probes[mode] = []
@@ -210,13 +221,16 @@ class RecallBench:
         for mode in modes:
             session.recall = mode
             asked[mode] = []
-            for fact, (log_prob, note) in zip(facts, probes[mode], strict=True):
-                session.set_option("max_new_tokens", str(self.sizes.answer_tokens))
-                reply = _reply(session.chat(fact.question))
-                session.set_option("max_new_tokens", str(self.sizes.reply_tokens))
-                self._restore(state)
-                matched = fact.key.lower() in reply.lower()
-                asked[mode].append(Asked(log_prob, matched, reply, note.messages if note is not None else ()))
+            for fact, (log_prob, note), best in zip(facts, probes[mode], relevance, strict=True):
+                reply = ""
+                if greedy:
+                    session.set_option("max_new_tokens", str(self.sizes.answer_tokens))
+                    reply = _reply(session.chat(fact.question))
+                    session.set_option("max_new_tokens", str(self.sizes.reply_tokens))
+                    self._restore(state)
+                matched = greedy and fact.key.lower() in reply.lower()
+                recalled = note.messages if note is not None else ()
+                asked[mode].append(Asked(log_prob, matched, reply, recalled, best))
         session.recall = "off"
         return asked
 
@@ -316,6 +330,7 @@ def columns() -> list[Column]:
         Column("match_on", "on"),
         Column("match_ceiling", "in window"),
         Column("recalled", "recalled turns"),
+        Column("relevance", "best share", "{:.2f}"),
     ]
 
 
@@ -336,6 +351,7 @@ def rows(results: list[FactResult], distractors: list[DistractorResult]) -> list
             "match_on": mark(result.on),
             "match_ceiling": mark(result.ceiling),
             "recalled": turns(result.on),
+            "relevance": result.on.relevance,
         }
         for result in results
     ]
@@ -349,6 +365,7 @@ def rows(results: list[FactResult], distractors: list[DistractorResult]) -> list
             "match_on": f"{sum(result.on.matched for result in results)}/{len(results)}",
             "match_ceiling": f"{sum(result.ceiling.matched for result in results)}/{len(results)}",
             "recalled": f"{sum(bool(result.on.recalled) for result in results)} notes",
+            "relevance": None,
         }
     )
     for item in distractors:
@@ -362,6 +379,7 @@ def rows(results: list[FactResult], distractors: list[DistractorResult]) -> list
                 "match_on": "-",
                 "match_ceiling": "-",
                 "recalled": turns(item.on),
+                "relevance": item.on.relevance,
             }
         )
     return table

@@ -12,10 +12,16 @@ inverted index that grows by one passage at a time: the evicted part of a conver
 only grows, and re-indexing all of it for every turn (what a static BM25 index such as
 bm25s' asks for) would cost more with every turn than the search itself.
 
-A passage is recalled when its score, as a fraction of what the query's words could score
-at most, clears RECALL_MIN_RELEVANCE (defaults.py; measured by `streamchat bench recall`
-on its facts against its distractors). Query words no passage holds count against it: a
-question about something never said matches little of what was.
+A passage is recalled when it holds enough of the query's word weight: the inverse document
+frequencies of the query's words it contains, over those of all the query's words, must reach
+RECALL_MIN_RELEVANCE (defaults.py; measured by scripts/recall_search_check.py on the bench's
+facts and distractors). A query word no passage holds weighs the most (it is the most specific),
+so a question about something never said ("What is my cat called?") holds little of what was
+("My dog is called Biscuit." shares only "called"). A word found in a passage longer than the
+average counts only BM25's length-normalised share of its weight (buried among more words);
+in a shorter one, never more than all of it. The passages that clear the bar are ranked by
+their BM25 score. The bar is not on that score itself: BM25 rewards a short passage beyond its
+words' weight, so one shared common word in a short passage could clear it.
 
 Recall brings back text the conversation already had; it is not a longer context. The note
 is read through the cache as part of the user's turn, counts against the window and is
@@ -58,7 +64,7 @@ class Passage:
     message: int  # its index in the transcript
     role: str  # "user" or "assistant"
     text: str
-    relevance: float = 0.0  # in a search's answer: the fraction of the query's best score it reached
+    relevance: float = 0.0  # in a search's answer: the share of the query's word weight (idf) it holds
 
 
 def words(text: str) -> list[str]:
@@ -117,30 +123,36 @@ class RecallIndex:
                 postings[number] = postings.get(number, 0) + 1
 
     def search(self, query: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
-        """The passages relevant to `query`, best first: those whose score is at least `bar` times the most
-        the query's words could score (every word found, once, in a passage of average length)."""
+        """The passages relevant to `query`, best BM25 score first: those that hold at least `bar` of the query's
+        word weight (the idf of the query's words they contain over that of all its words; a word found in a
+        passage longer than the average counts BM25's share of it, never more than all of it)."""
         count = len(self.passages)
         terms = set(words(query))
         if not count or not terms:
             return []
         average = self._total_length / count or 1.0
         scores: dict[int, float] = {}
-        best_possible = 0.0
+        covered: dict[int, float] = {}
+        total_weight = 0.0
         for term in terms:
             postings = self._postings.get(term, {})
+            # A word in no passage gets the highest idf there is: the query asks for something never said.
             idf = math.log(1.0 + (count - len(postings) + 0.5) / (len(postings) + 0.5))
-            best_possible += idf
+            total_weight += idf
             for number, frequency in postings.items():
                 norm = _K1 * (1.0 - _B + _B * self._lengths[number] / average)
-                scores[number] = scores.get(number, 0.0) + idf * frequency * (_K1 + 1.0) / (frequency + norm)
+                saturation = frequency * (_K1 + 1.0) / (frequency + norm)  # above 1 in a short passage
+                scores[number] = scores.get(number, 0.0) + idf * saturation
+                # A word counts its full weight at most: a short passage does not make it weigh more,
+                # one buried in a long passage weighs less.
+                covered[number] = covered.get(number, 0.0) + idf * min(1.0, saturation)
         ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
         found = []
-        for number, score in ranked:
-            relevance = score / best_possible
-            if relevance < bar:
-                break
-            passage = self.passages[number]
-            found.append(Passage(passage.message, passage.role, passage.text, relevance))
+        for number, _ in ranked:
+            relevance = covered[number] / total_weight
+            if relevance >= bar:
+                passage = self.passages[number]
+                found.append(Passage(passage.message, passage.role, passage.text, relevance))
         return found
 
 

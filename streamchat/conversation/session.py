@@ -34,7 +34,7 @@ from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
-from streamchat.conversation.recall import RecallIndex, fed_text, recall_note, turn_numbers
+from streamchat.conversation.recall import Passage, RecallIndex, fed_text, recall_note, turn_numbers
 from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import SessionOptions, eviction_policy, recall_mode
 from streamchat.conversation.state import ConversationState, RecalledNote
@@ -347,8 +347,9 @@ class ChatSession:
         note = self._recall(text) if self.recall != "off" else None
         return self.chat_format.prompt_ids(fed_text(text, note), first_turn=self.cache_stats().seen == 0), note
 
-    def _recall(self, text: str) -> RecalledNote | None:
-        """The note that brings back what the cache forgot and `text` needs; None when nothing clears the bar."""
+    def recall_search(self, text: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
+        """The evicted passages relevant to `text` now, best first, each with its relevance: what the note is
+        chosen from (a benchmark shows it; `bar` 0 shows every passage that shares a word with `text`)."""
         view = self.mirror.view()
         partly = view.partly_forgotten_message
         evicted = min(view.forgotten_messages if partly is None else partly + 1, len(self.transcript))
@@ -357,7 +358,11 @@ class ChatSession:
             index.add(number, self.transcript[number]["role"], self.transcript[number]["content"])
         # What a note still in the window holds, the model still sees.
         in_view = {message for at, note in self.recalled.items() if at >= evicted for message in note.messages}
-        found = [found for found in index.search(text) if found.message < evicted and found.message not in in_view]
+        return [found for found in index.search(text, bar) if found.message < evicted and found.message not in in_view]
+
+    def _recall(self, text: str) -> RecalledNote | None:
+        """The note that brings back what the cache forgot and `text` needs; None when nothing clears the bar."""
+        found = self.recall_search(text)
         budget = min(defaults.RECALL_TOKEN_BUDGET, int(self.window * defaults.RECALL_WINDOW_SHARE))
         return recall_note(found, self._count_tokens, budget) if found else None
 

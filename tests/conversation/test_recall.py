@@ -57,13 +57,37 @@ def test_search_finds_the_fact_above_the_bar_and_a_distractor_falls_below_it():
     index = filled_index()
     found = index.search("What is my sister's name?")
     assert [(passage.message, passage.text) for passage in found] == [(0, FACT)]
-    assert found[0].relevance == pytest.approx(1.1475, abs=1e-4)  # a short passage scores above the average one
+    assert found[0].relevance == 1.0  # it holds every word of the question
     assert [passage.message for passage in index.search("What is the door code?")] == [2]
-    # "brother" was never said: the question matches only "name", a third of what it could.
+    # "brother" was never said, so it weighs the most: the passage holds only "name", 38 % of the weight.
     assert index.search("What is my brother's name?") == []
-    assert [p.message for p in index.search("What is my brother's name?", bar=0.0)] == [0]
+    brother = index.search("What is my brother's name?", bar=0.0)
+    assert [(p.message, round(p.relevance, 4)) for p in brother] == [(0, 0.3827)]
     assert index.search("What is my passport number?", bar=0.0) == []
     assert RecallIndex().search("anything") == [] and index.search("what is it?") == []
+
+
+def test_a_shared_common_word_in_a_short_passage_does_not_recall_it():
+    # The bench's distractor: BM25's score for "called" alone in this short passage cleared half of what
+    # the question could score, and the made-up answer "Your cat is called Biscuit." became likelier.
+    index = RecallIndex()
+    for number, text in enumerate(
+        [
+            "My dog is called Biscuit.",
+            "Biscuit is a lovely name for a dog.",
+            "The door code is 4471.",
+            "Got it.",
+            "Write a short poem about a lighthouse on a stormy night.",
+            "Here is a poem.",
+        ]
+    ):
+        index.add(number, "user" if number % 2 == 0 else "assistant", text)
+    assert index.search("What is my cat called?") == []
+    # idf("call") = ln(1 + 5.5 / 1.5) = 1.5404; "cat", never said, ln(1 + 6.5 / 0.5) = 2.6391: 1.5404 / 4.1795.
+    cat = index.search("What is my cat called?", bar=0.0)
+    assert [(p.message, round(p.relevance, 4)) for p in cat] == [(0, 0.3686)]
+    dog = index.search("What is my dog called?")
+    assert [(p.message, p.text, round(p.relevance, 4)) for p in dog] == [(0, "My dog is called Biscuit.", 1.0)]
 
 
 def test_a_message_already_indexed_is_not_indexed_again():
