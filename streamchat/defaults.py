@@ -16,6 +16,22 @@ READ_ALL = False
 # "turn": the paper's demo, reserve prompt + max_new_tokens before each turn.
 EVICTION_POLICY = "token"
 EVICTION_POLICIES = ("token", "turn")
+# --recall: "auto" searches what has left the cache for passages relevant to each new message and
+# brings the best back in a note before it; "off" is the plain rolling cache.
+RECALL = "auto"
+RECALL_MODES = ("auto", "off")
+# Most tokens a recall note may take (its heading included), and most passages in it: the note is
+# read through the window like the message it comes with, so it must leave room for the reply.
+RECALL_TOKEN_BUDGET = 96
+RECALL_MAX_PASSAGES = 3
+# Never more of the window than this for a note, whatever the budget.
+RECALL_WINDOW_SHARE = 0.25
+# Longest passage, in words: a long message is cut into runs of sentences up to this.
+RECALL_PASSAGE_WORDS = 48
+# The relevance bar: the share of a message's word weight (the idf of its words) a passage must hold;
+# a word never said weighs the most (scripts/recall_search_check.py: each of the bench's facts has a
+# passage holding 0.56 or more of its question's weight; its distractors hold at most 0.42).
+RECALL_MIN_RELEVANCE = 0.5
 
 # The model used when no --model is given.
 DEFAULT_MODEL = "smollm2-135m"
@@ -86,6 +102,11 @@ SPEED_STEPS = 9
 # keep: user turns streamed through a small window before the last probe for the system prompt's fact.
 KEEP_BENCH_TURNS = 40
 KEEP_BENCH_WINDOW = 256
+# recall: facts stated, the window they are evicted from, the longest filler reply, the turn timed.
+RECALL_BENCH_FACTS = 10
+RECALL_BENCH_WINDOW = 256
+RECALL_BENCH_REPLY_TOKENS = 48
+RECALL_BENCH_TURN = 100
 # ppl: the kept prefix compared with PPL_SINKS at the same capacity (a system turn's worth of tokens).
 PPL_KEEP = 60
 # display: replies per side (the median of each side counts), and tokens per reply.

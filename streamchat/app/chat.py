@@ -23,7 +23,7 @@ from streamchat.app.typeahead import keys_held
 from streamchat.conversation.calls import Conversation
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
-from streamchat.interface.display import ChatDisplay, turn_stats_line
+from streamchat.interface.display import ChatDisplay, turn_stats_line, turns_text
 from streamchat.interface.sessions import save_state
 from streamchat.interface.signals import Interrupted, termination_deferred
 from streamchat.interface.status import first_words, status_figures
@@ -176,7 +176,7 @@ class ChatApp:
             forgotten.append("message 1 entirely" if whole == 1 else f"messages 1-{whole} entirely")
         if view.partly_forgotten_message is not None:
             forgotten.append(f"the start of message {view.partly_forgotten_message + 1}")
-        return [
+        rows = [
             ("capacity", f"{stats.capacity:,} = {stats.sink_capacity} sinks + {stats.window_capacity:,} window"),
             ("kept", _kept_description(self.session.keep, stats.sink_capacity)),
             ("sinks", repr(self.session.decode(view.sink_ids))),
@@ -184,6 +184,16 @@ class ChatApp:
             ("window ends", ("… " if len(words) > 12 else "") + " ".join(words[-12:])),
             ("forgotten", "; ".join(forgotten)),
         ]
+        recalled = self.session.snapshot(tensors=False).recalled
+        if recalled:
+            # Turn numbers, as the ↺ line gives them: message 6 is turn 4's question.
+            at = max(recalled)
+            sources = sorted({message // 2 + 1 for message in recalled[at].messages})
+            count = len(recalled[at].messages)
+            notes = "1 note" if len(recalled) == 1 else f"{len(recalled)} notes"
+            last = f"{count} passage{'' if count == 1 else 's'} from {turns_text(sources)}"
+            rows.append(("recalled", f"{notes}; the last, with turn {at // 2 + 1}: {last}"))
+        return rows
 
     def load(self, path: Path) -> None:
         """Replace the conversation with a saved one, exactly where it stopped when its cache state fits,

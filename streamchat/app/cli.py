@@ -29,6 +29,7 @@ from streamchat.interface.options import (
     KeepOption,
     ModelOption,
     QuantizeOption,
+    RecallOption,
     TpOption,
     TrustRemoteCodeOption,
     WindowOption,
@@ -114,6 +115,7 @@ def run(
             metavar=choices(defaults.EVICTION_POLICIES),
         ),
     ] = None,
+    recall: RecallOption = None,
     read_all: Annotated[
         bool | None,
         option(

@@ -1,4 +1,4 @@
-"""`streamchat bench ppl|speed|keep|display|decode|serve`: the Typer sub-app (streamchat.cli mounts it as `bench`).
+"""`streamchat bench ppl|speed|keep|recall|display|decode|serve`: the Typer sub-app (mounted as `bench`).
 
 The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come
 from the environment and the config file. Each command prints a table and the target
@@ -272,6 +272,75 @@ def keep(
                 "keep-curve.csv": (bench.curve_columns(), bench.curve_rows(runs)),
             },
             {"keep.png": bench.draw_curves(runs)},
+            console=_stdout(),
+            notes=stderr,
+        )
+
+
+@bench_app.command()
+def recall(
+    window: Annotated[int | None, _size(WINDOW_HELP, defaults.RECALL_BENCH_WINDOW)] = None,
+    reply_tokens: Annotated[
+        int | None, _size("Longest generated filler reply.", defaults.RECALL_BENCH_REPLY_TOKENS)
+    ] = None,
+    facts: Annotated[int | None, _size("Facts stated (of those shipped).", defaults.RECALL_BENCH_FACTS)] = None,
+    filler: Annotated[
+        Path | None,
+        typer.Option(
+            help="MT-bench's question.jsonl for the filler turns, when there is one; else the questions shipped.",
+            show_default=False,
+        ),
+    ] = None,
+    model: ModelOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
+    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    quick: QuickOption = False,
+) -> None:
+    """Facts stated early, evicted by filler turns, asked for again: recall off, recall on, and in the window.
+
+    Defaults: 10 facts, a 256-token window, filler until every fact has left it; time to first token at turn 100.
+    """
+    from streamchat.bench import recall as bench
+    from streamchat.measure.memory import out_of_memory_errors
+
+    with reported_errors():
+        sizes = sizes_for(quick, bench.FULL, bench.QUICK, window=window, reply_tokens=reply_tokens, facts=facts)
+        shipped, distractors = bench.shipped_facts()
+        chosen, distractors = shipped[: sizes.facts], distractors[: sizes.distractors]
+        questions = bench.filler_questions(filler)
+        loaded = _load(_configured(model, device, dtype, quantize))
+        with out_of_memory_errors("--window"):
+            run = bench.RecallBench(
+                loaded.model, loaded.tokenizer, sizes, on_step=lambda step: stderr.print(step, highlight=False)
+            )
+            results, others = run.run(chosen, distractors, questions)
+            replies = [message["content"] for message in run.session.transcript[1::2]][len(chosen) :]
+            turn, ttft_off, ttft_on = run.time_to_first_token(chosen, questions, replies or ["Noted."])
+        costs = bench.Costs(
+            turn, ttft_off, ttft_on, bench.search_costs(chosen, questions, replies or ["Noted."], sizes)
+        )
+        title = (
+            f"Recall: {escape(loaded.source.name)}, {len(chosen)} facts through a {sizes.window}-token window, "
+            "mean log-probability per answer token"
+        )
+        columns, rows = bench.columns(), bench.rows(results, others)
+        print_report(_stdout(), title, columns, rows, [])
+        print_report(
+            _stdout(),
+            "Recall: cost",
+            bench.cost_columns(),
+            bench.cost_rows(costs),
+            bench.checks(results, others, costs),
+        )
+        save_results(
+            out,
+            {
+                "recall.csv": ([column.key for column in columns], rows),
+                "recall-cost.csv": ([column.key for column in bench.cost_columns()], bench.cost_rows(costs)),
+            },
+            {"recall.png": bench.draw(results, costs)},
             console=_stdout(),
             notes=stderr,
         )

@@ -92,7 +92,7 @@ def generate_conversation(
 ) -> list[Message]:
     """The conversation both caches read: each turn answered greedily through a --keep system cache."""
     settings = GenerationSettings(max_new_tokens=sizes.reply_tokens, temperature=0.0)
-    options = SessionOptions(window=sizes.window, settings=settings, system_prompt=SYSTEM_PROMPT)
+    options = SessionOptions(window=sizes.window, settings=settings, system_prompt=SYSTEM_PROMPT, recall="off")
     session = ChatSession(model, tokenizer, options)
     for number, text in enumerate(turns, start=1):
         for event in session.chat(text):

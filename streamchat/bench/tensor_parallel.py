@@ -96,7 +96,7 @@ def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) 
 
     settings = GenerationSettings(max_new_tokens=steps + 1, temperature=0.0, stop=())
     return ChatSession(
-        loaded.model, loaded.tokenizer, SessionOptions(window=window, settings=settings, channel=channel)
+        loaded.model, loaded.tokenizer, SessionOptions(window=window, settings=settings, channel=channel, recall="off")
     )
 
 

@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
+from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
+from streamchat.conversation.recall import Passage, RecallIndex, fed_text, recall_note, turn_numbers
 from streamchat.conversation.regen import RegenPoint
-from streamchat.conversation.session_options import SessionOptions, eviction_policy
-from streamchat.conversation.state import ConversationState
+from streamchat.conversation.session_options import SessionOptions, eviction_policy, recall_mode
+from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.errors import CacheStateError, ConfigError
@@ -44,6 +46,7 @@ from streamchat.generation.events import (
     CacheOccupancy,
     Event,
     NotResumed,
+    Recalled,
     Replayed,
     Resumed,
     TextDelta,
@@ -72,6 +75,10 @@ class ChatSession:
             model, tokenizer, options.window, options.prefill_chunk, options.compile_backend, options.channel
         )
         self.transcript: list[Message] = []
+        # --recall: "auto" brings back what left the cache when a message needs it; the notes it read, by message.
+        self.recall = recall_mode(options.recall)
+        self.recalled: dict[int, RecalledNote] = {}
+        self._recall_index = RecallIndex()
         # The cache holds exactly the transcript: no turn, replay or resume is half done.
         self._settled = True
         self._snapshot: RegenPoint | None = None
@@ -136,9 +143,15 @@ class ChatSession:
         """
         self.token_loop.stop_requested = self._settled = False
         self._forget_snapshot()
-        self.transcript.append({"role": "user", "content": text})
         started = time.perf_counter()
-        prompt = self.chat_format.prompt_ids(text, first_turn=self.cache_stats().seen == 0)
+        note = self._recall(text) if self.recall != "off" else None
+        self.transcript.append({"role": "user", "content": text})
+        if note is not None:
+            self.recalled[len(self.transcript) - 1] = note
+            tokens = len(self.chat_format.prompt_ids(fed_text(text, note), first_turn=False))
+            tokens -= len(self.chat_format.prompt_ids(text, first_turn=False))
+            yield Recalled(len(note.messages), tuple(turn_numbers(note.messages)), tokens)
+        prompt = self.chat_format.prompt_ids(fed_text(text, note), first_turn=self.cache_stats().seen == 0)
         reply_room = self._reply_reach() if self.eviction == "turn" else None
         read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
@@ -171,7 +184,8 @@ class ChatSession:
             messages.pop()
         if messages == self.transcript and self.token_loop.is_whole():
             return iter(())
-        return self.replay(messages)
+        recalled = {index: note for index, note in self.recalled.items() if index < len(messages)}
+        return self._replay(messages, self._feeds(self.chat_format, messages, recalled), recalled)
 
     def stop(self) -> None:
         """Ask the reply being generated to end after the current token (safe from a signal handler)."""
@@ -183,6 +197,8 @@ class ChatSession:
         self._forget_snapshot()
         self.token_loop.reset()
         self.transcript = []
+        self.recalled = {}
+        self._recall_index = RecallIndex()
         self._snapshot = None
         self._settled = True
 
@@ -190,14 +206,18 @@ class ChatSession:
         """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
         chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
-        feeds = chat_format.conversation_ids(self.transcript)
+        recalled = dict(self.recalled)
+        feeds = self._feeds(chat_format, self.transcript, recalled)
         self._use_format(chat_format)
-        return self._replay(list(self.transcript), feeds)
+        return self._replay(list(self.transcript), feeds, recalled)
 
     def set_option(self, key: str, value: str) -> None:
-        """Change a generation setting (or `eviction`) from text, as typed after /set."""
+        """Change a generation setting (or `eviction`, or `recall`) from text, as typed after /set."""
         if key == "eviction":
             self.eviction = eviction_policy(value)
+            return
+        if key == "recall":
+            self.recall = recall_mode(value)
             return
         self.settings = self.settings.with_value(key, value)
         if key == "seed":
@@ -220,6 +240,7 @@ class ChatSession:
             system_prompt=self.system_prompt,
             settings=dict(self.options()),
             tensors=tensors_of(self.cache, self.mirror, self.sampler) if whole else None,
+            recalled={index: note for index, note in self.recalled.items() if index < len(self.transcript)},
         )
 
     def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
@@ -233,13 +254,17 @@ class ChatSession:
             else:
                 settings = settings.with_value(name, value)
         chat_format = ChatFormat(self.tokenizer, system_prompt=state.system_prompt)
-        feeds = chat_format.conversation_ids(state.messages)
+        feeds = self._feeds(chat_format, state.messages, state.recalled)
         self._use_format(chat_format)
         self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
         return self._restored(state, feeds, not_exact)
 
     def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> Iterator[Event]:
         if state.tensors is not None:
+            # The same conversation again (a benchmark's probe taken back): what it indexed still holds.
+            indexed = self._recall_index.indexed_messages
+            same = self.transcript[:indexed] == state.messages[:indexed] and len(state.messages) >= indexed
+            index = self._recall_index
             self.reset()
             self._settled = False
             try:
@@ -249,17 +274,23 @@ class ChatSession:
             else:
                 self.token_loop.mirror = mirror
                 self.transcript = [{"role": m["role"], "content": m["content"]} for m in state.messages]
+                self.recalled = dict(state.recalled)
+                if same:
+                    self._recall_index = index
                 self._settled = True
                 yield CacheOccupancy(self.cache_stats(), 0.0)
                 yield Resumed(messages=len(state.messages), tokens=self.cache_stats().used)
                 return
         if not_exact is not None:
             yield NotResumed(not_exact)
-        yield from self._replay(state.messages, feeds)
+        yield from self._replay(state.messages, feeds, state.recalled)
 
-    def _replay(self, messages: list[Message], feeds: list[list[int]]) -> Iterator[Event]:
+    def _replay(
+        self, messages: list[Message], feeds: list[list[int]], recalled: dict[int, RecalledNote] | None = None
+    ) -> Iterator[Event]:
         """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
         self.reset()
+        self.recalled = dict(recalled or {})
         self._settled = False
         total = sum(len(ids) for ids in feeds)
         start = 0
@@ -307,6 +338,47 @@ class ChatSession:
     def _reply_reach(self) -> int:
         """How many tokens a reply can feed: the longest one and the end of its turn."""
         return self.settings.max_new_tokens + len(self.chat_format.end_of_turn_ids)
+
+    # ---- recall ----------------------------------------------------------------------------
+
+    def next_prompt(self, text: str) -> tuple[list[int], RecalledNote | None]:
+        """The tokens chat(text) would feed now, and the recall note among them; the conversation does not move
+        (a benchmark teacher-forces an answer after them)."""
+        note = self._recall(text) if self.recall != "off" else None
+        return self.chat_format.prompt_ids(fed_text(text, note), first_turn=self.cache_stats().seen == 0), note
+
+    def recall_search(self, text: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
+        """The evicted passages relevant to `text` now, best first, each with its relevance: what the note is
+        chosen from (a benchmark shows it; `bar` 0 shows every passage that shares a word with `text`)."""
+        view = self.mirror.view()
+        partly = view.partly_forgotten_message
+        evicted = min(view.forgotten_messages if partly is None else partly + 1, len(self.transcript))
+        index = self._recall_index
+        for number in range(index.indexed_messages, evicted):
+            index.add(number, self.transcript[number]["role"], self.transcript[number]["content"])
+        # What a note still in the window holds, the model still sees.
+        in_view = {message for at, note in self.recalled.items() if at >= evicted for message in note.messages}
+        return [found for found in index.search(text, bar) if found.message < evicted and found.message not in in_view]
+
+    def _recall(self, text: str) -> RecalledNote | None:
+        """The note that brings back what the cache forgot and `text` needs; None when nothing clears the bar."""
+        found = self.recall_search(text)
+        budget = min(defaults.RECALL_TOKEN_BUDGET, int(self.window * defaults.RECALL_WINDOW_SHARE))
+        return recall_note(found, self._count_tokens, budget) if found else None
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @staticmethod
+    def _feeds(chat_format: ChatFormat, messages: list[Message], recalled: dict[int, RecalledNote]) -> list[list[int]]:
+        """The tokens each message puts in the cache, the notes read before user messages included."""
+        fed = [
+            {"role": message["role"], "content": fed_text(message["content"], recalled.get(index))}
+            if message["role"] == "user"
+            else message
+            for index, message in enumerate(messages)
+        ]
+        return chat_format.conversation_ids(fed)
 
     # ---- helpers ---------------------------------------------------------------------------
 

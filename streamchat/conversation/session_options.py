@@ -20,6 +20,8 @@ class SessionOptions:
     keep: Keep = defaults.KEEP
     window: int = defaults.WINDOW
     eviction: str = defaults.EVICTION_POLICY
+    # "auto": what left the cache is searched for each new message, the relevant part read again before it.
+    recall: str = defaults.RECALL
     system_prompt: str | None = None
     prefill_chunk: int = defaults.PREFILL_CHUNK
     # None: streamchat's defaults overridden by the model's generation config.
@@ -34,6 +36,7 @@ class SessionOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))
         eviction_policy(self.eviction)
+        recall_mode(self.recall)
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
 
@@ -42,4 +45,11 @@ def eviction_policy(value: str) -> str:
     """`value` when it names an eviction policy; ConfigError otherwise."""
     if value not in defaults.EVICTION_POLICIES:
         raise ConfigError(f"eviction must be one of {', '.join(defaults.EVICTION_POLICIES)}, got {value!r}")
+    return value
+
+
+def recall_mode(value: str) -> str:
+    """`value` when it names a recall mode; ConfigError otherwise."""
+    if value not in defaults.RECALL_MODES:
+        raise ConfigError(f"recall must be one of {', '.join(defaults.RECALL_MODES)}, got {value!r}")
     return value

@@ -29,6 +29,15 @@ class TensorState:
 
 
 @dataclass(frozen=True)
+class RecalledNote:
+    """What recall brought back with a user message: the note as the chat template reads it before the message,
+    and the transcript messages its passages came from (streamchat.conversation.recall)."""
+
+    messages: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
 class ConversationState:
     """Everything a conversation is. `tensors` is None when it was not taken (or the cache was mid-turn)."""
 
@@ -36,8 +45,15 @@ class ConversationState:
     system_prompt: str | None
     settings: dict[str, str] = field(default_factory=dict)  # every /set option as text, eviction included
     tensors: TensorState | None = None
+    # The notes recall read before user messages, by the message's index: part of what the cache read.
+    recalled: dict[int, RecalledNote] = field(default_factory=dict)
 
     @property
     def answered(self) -> list[Message]:
         """The messages less a last one still waiting for its reply."""
         return self.messages[: len(self.messages) // 2 * 2]
+
+    @property
+    def answered_recalled(self) -> dict[int, RecalledNote]:
+        """The notes of the answered messages."""
+        return {index: note for index, note in self.recalled.items() if index < len(self.answered)}

@@ -70,6 +70,15 @@ class PromptProgress:
 
 
 @dataclass(frozen=True)
+class Recalled:
+    """Passages of messages that had left the cache come back with the new message, in a note before it."""
+
+    passages: int
+    turns: tuple[int, ...]  # the turns they came from (1 = the first exchange)
+    tokens: int  # the note's, read with the message
+
+
+@dataclass(frozen=True)
 class CacheOccupancy:
     """How full the cache is now, and the decode speed so far this turn (0 before the first token)."""
 
@@ -146,6 +155,7 @@ Event = (
     | PromptTruncated
     | PromptSkipped
     | PromptProgress
+    | Recalled
     | CacheOccupancy
     | TurnFinished
     | Replayed

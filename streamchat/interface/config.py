@@ -26,7 +26,7 @@ import platformdirs
 from streamchat import defaults
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.kept_prefix import parse_keep
-from streamchat.conversation.session_options import eviction_policy
+from streamchat.conversation.session_options import eviction_policy, recall_mode
 from streamchat.errors import ConfigError
 from streamchat.generation.settings import SAMPLING_RULES
 from streamchat.interface.transcript import (
@@ -106,6 +106,7 @@ class RunConfig:
         defaults.EVICTION_POLICY, checked_by(eviction_policy, f"one of {', '.join(defaults.EVICTION_POLICIES)}")
     )
     read_all: bool = _option(defaults.READ_ALL, boolean)
+    recall: str = _option(defaults.RECALL, checked_by(recall_mode, f"one of {', '.join(defaults.RECALL_MODES)}"))
     compile: str = _option(defaults.COMPILE, one_of(defaults.COMPILE_SETTINGS))
     trust_remote_code: bool = _option(False, boolean)
     allow_pickle: bool = _option(False, boolean)

@@ -29,6 +29,7 @@ from streamchat.generation.events import (
     PromptProgress,
     PromptSkipped,
     PromptTruncated,
+    Recalled,
     Replayed,
     Resumed,
     TextDelta,
@@ -140,6 +141,8 @@ class ChatDisplay:
                     style="yellow",
                 )
             )
+        elif isinstance(event, Recalled):
+            self._print(Text(recalled_text(event), style="cyan"))
         elif isinstance(event, TurnFinished):
             self._turn_summary(event.stats)
         elif isinstance(event, Replayed):
@@ -298,3 +301,16 @@ def turn_stats_line(stats: TurnStats) -> str:
         f"prompt {stats.prompt_tokens:,} at {stats.prefill_tokens_per_second:.0f} tok/s · "
         f"first token {stats.time_to_first_token:.2f} s{reason[stats.stop_reason]}"
     )
+
+
+def recalled_text(event: Recalled) -> str:
+    """↺ recalled 2 passages from turns 3 and 7 (41 tokens)"""
+    passages = "1 passage" if event.passages == 1 else f"{event.passages} passages"
+    return f"↺ recalled {passages} from {turns_text(event.turns)} ({event.tokens:,} tokens)"
+
+
+def turns_text(turns: tuple[int, ...] | list[int]) -> str:
+    """turn 3; turns 3 and 7; turns 2, 3 and 7"""
+    if len(turns) == 1:
+        return f"turn {turns[0]}"
+    return "turns " + ", ".join(str(turn) for turn in turns[:-1]) + f" and {turns[-1]}"

@@ -90,6 +90,16 @@ TpOption = Annotated[
         metavar="[N]",
     ),
 ]
+RecallOption = Annotated[
+    str | None,
+    option(
+        "auto: when a message arrives, search what has left the cache for passages relevant to it and read the "
+        "best back before it, in a short note. It brings back text the conversation had; it is not a longer "
+        f"context. off: the plain rolling cache. \\[default: {defaults.RECALL}]",
+        panel=CACHE_PANEL,
+        metavar=choices(defaults.RECALL_MODES),
+    ),
+]
 TrustRemoteCodeOption = Annotated[
     bool | None,
     option(

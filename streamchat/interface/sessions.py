@@ -52,6 +52,7 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
         keep=config.keep,
         window=config.window,
         eviction=config.eviction,
+        recall=config.recall,
         read_all=config.read_all,
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),

@@ -6,6 +6,8 @@
     {"type": "settings", "values": {"temperature": "0.7", ..., "eviction": "token"}, "at": "..."}
     {"type": "system", "content": "Be brief.", "at": "..."}
     {"type": "user", "content": "Hello!", "at": "..."}
+    {"type": "recall", "message": 6, "from": [0, 2], "content": "Earlier in this conversation: ...", "at": "..."}
+                                                          (the note recall read before message 6)
     {"type": "reply", "content": "Hi.", "stop_reason": "eos", "at": "..."}
     {"type": "rewind", "messages": 1, "at": "..."}        (a /regen took the reply back)
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
-from streamchat.conversation.state import ConversationState
+from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import common_prefix_length
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import StopReason
@@ -70,23 +72,24 @@ class Journal:
         self._messages: list[Message] = []  # the conversation as the file tells it
         self._settings: dict[str, str] = {}
         self._system: str | None = None
+        self._recalled: dict[int, RecalledNote] = {}
 
     # ---- following the session ---------------------------------------------------------------
 
     def record(self, state: ConversationState, stop_reason: StopReason | None = None) -> None:
         """Append what changed in the conversation since the last call; `stop_reason` goes with a new last reply."""
-        self._record(state.messages, state.settings, state.system_prompt, stop_reason)
+        self._record(state.messages, state.settings, state.system_prompt, stop_reason, state.recalled)
 
     def record_user(self, state: ConversationState, text: str) -> None:
         """The user sent `text` to the conversation `state`: written before the reply starts, so that a crash
         cannot lose it."""
         sent = [*state.messages, {"role": "user", "content": text}]
-        self._record(sent, state.settings, state.system_prompt, None)
+        self._record(sent, state.settings, state.system_prompt, None, state.recalled)
 
     def new_conversation(self) -> None:
         """The next message starts a new file (/reset)."""
         self.close()
-        self.path, self.failure, self._messages = None, None, []
+        self.path, self.failure, self._messages, self._recalled = None, None, [], {}
 
     def resume(self, path: Path, saved: SavedSession, descriptor: int | None = None) -> None:
         """Append to the journal at `path` from now on: the conversation `saved` was read from it.
@@ -101,6 +104,7 @@ class Journal:
         self._messages = [*saved.messages, *unanswered]
         self._settings = {**saved.settings, "eviction": saved.eviction}
         self._system = saved.system_prompt
+        self._recalled = dict(saved.recalled)
 
     def close(self) -> None:
         if self._descriptor is not None:
@@ -110,7 +114,12 @@ class Journal:
     # ---- writing -------------------------------------------------------------------------------
 
     def _record(
-        self, messages: list[Message], settings: dict[str, str], system: str | None, stop_reason: str | None
+        self,
+        messages: list[Message],
+        settings: dict[str, str],
+        system: str | None,
+        stop_reason: str | None,
+        recalled: dict[int, RecalledNote],
     ) -> None:
         if self.failure is not None:
             return
@@ -126,7 +135,7 @@ class Journal:
             if system != self._system:
                 self._append({"type": "system", "content": system})
                 self._system = system
-            self._append_messages(messages, stop_reason)
+            self._append_messages(messages, stop_reason, recalled)
         except (OSError, SessionFileError) as error:
             reason = str(error) if isinstance(error, SessionFileError) else error.strerror or str(error)
             where = self.path if self.path is not None else f"in {self.directory}"  # no name before it is created
@@ -134,20 +143,32 @@ class Journal:
             self.close()
             self.on_error(self.failure)
 
-    def _append_messages(self, messages: list[Message], stop_reason: str | None) -> None:
+    def _append_messages(
+        self, messages: list[Message], stop_reason: str | None, recalled: dict[int, RecalledNote]
+    ) -> None:
         kept = common_prefix_length(self._messages, messages)
         if kept < len(self._messages):
             self._append({"type": "rewind", "messages": kept})
             del self._messages[kept:]
+            self._recalled = {index: note for index, note in self._recalled.items() if index < kept}
+        for index in sorted(recalled):  # a note to a message written before this call
+            if index < kept and self._recalled.get(index) != recalled[index]:
+                self._append_recall(index, recalled[index])
         for index, message in enumerate(messages[kept:], start=kept):
             if message["role"] == "user":
                 self._append({"type": "user", "content": message["content"]})
+                if index in recalled:
+                    self._append_recall(index, recalled[index])
             else:
                 record: dict[str, Any] = {"type": "reply", "content": message["content"]}
                 if stop_reason is not None and index == len(messages) - 1:
                     record["stop_reason"] = stop_reason
                 self._append(record)
             self._messages.append(dict(message))
+
+    def _append_recall(self, index: int, note: RecalledNote) -> None:
+        self._append({"type": "recall", "message": index, "from": list(note.messages), "content": note.text})
+        self._recalled[index] = note
 
     def _create(self, settings: dict[str, str], system: str | None) -> None:
         session_id = new_session_id()
@@ -165,7 +186,7 @@ class Journal:
         self._descriptor = _open_for_appending(self.path, create=True)
         _write_line(self._descriptor, header)
         sync_directory(self.directory)  # the file's name, too, survives a power cut
-        self._settings, self._system, self._messages = {}, None, []
+        self._settings, self._system, self._messages, self._recalled = {}, None, [], {}
         self._append({"type": "settings", "values": settings})
         self._settings = dict(settings)
         if system is not None:

@@ -5,7 +5,7 @@ Two formats, both read by `read_session`:
 - version 1, one JSON document, written whole (`save_session`, for /save FILE);
 - version 2, the journal: JSON Lines appended as the conversation goes
   (streamchat.storage.journal writes it). Its first line is a header, every other line a
-  record: {"type": "settings" | "system" | "user" | "reply" | "rewind", ...}. A last line
+  record: {"type": "settings" | "system" | "user" | "recall" | "reply" | "rewind", ...}. A last line
   without its newline is a write that a kill cut short, and is ignored; record types
   this version does not know are skipped, so later versions can add their own.
 
@@ -16,13 +16,13 @@ a cache state file beside the session file (streamchat.storage.cache_file).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
-from streamchat.conversation.state import ConversationState, TensorState
+from streamchat.conversation.state import ConversationState, RecalledNote, TensorState
 from streamchat.errors import SessionFileError
 from streamchat.storage.durable import write_durably
 
@@ -41,11 +41,13 @@ class SavedSession:
     # A journal's last user message, when the session ended before its reply did.
     unanswered: str | None = None
     version: int = VERSION  # the format it was read from
+    # The notes recall read before user messages (streamchat.conversation.recall), by message index.
+    recalled: dict[int, RecalledNote] = field(default_factory=dict)
 
     def state(self, tensors: TensorState | None = None) -> ConversationState:
         """The conversation saved, as a value to restore a session to (with `tensors`, exactly)."""
         settings = {**self.settings, "eviction": self.eviction}
-        return ConversationState(list(self.messages), self.system_prompt, settings, tensors)
+        return ConversationState(list(self.messages), self.system_prompt, settings, tensors, dict(self.recalled))
 
 
 def save_session(path: Path, state: ConversationState, model: str | None) -> None:
@@ -61,6 +63,8 @@ def save_session(path: Path, state: ConversationState, model: str | None) -> Non
         "settings": settings,
         "messages": state.answered,
     }
+    if state.answered_recalled:
+        document["recalled"] = [_note_record(index, note) for index, note in sorted(state.answered_recalled.items())]
     path = path.expanduser()
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     try:
@@ -90,12 +94,39 @@ def read_session(path: Path) -> SavedSession:
     if document.get("version") != VERSION:
         raise SessionFileError(f"{path} has session format version {document.get('version')!r}; expected {VERSION}")
     return SavedSession(
-        messages=_messages(path, document.get("messages")),
+        messages=(messages := _messages(path, document.get("messages"))),
         system_prompt=_optional_text(path, document, "system_prompt"),
         settings=_settings(path, document.get("settings", {})),
         eviction=str(document.get("eviction", "token")),
         model=_optional_text(path, document, "model"),
+        recalled=_notes(path, document.get("recalled", []), len(messages)),
     )
+
+
+def _note_record(index: int, note: RecalledNote) -> dict[str, Any]:
+    return {"message": index, "from": list(note.messages), "content": note.text}
+
+
+def _note(where: str, record: Any, messages: list[dict[str, str]]) -> tuple[int, RecalledNote]:
+    """A recall note read back: the user message it goes with, and the note; SessionFileError when malformed."""
+    index, sources, text = (record.get(key) for key in ("message", "from", "content"))
+    if (
+        not isinstance(index, int)
+        or not 0 <= index < len(messages)
+        or messages[index]["role"] != "user"
+        or not isinstance(sources, list)
+        or not all(isinstance(source, int) and 0 <= source < index for source in sources)
+        or not isinstance(text, str)
+    ):
+        raise SessionFileError(f"{where}: a recall note needs a user message, the messages it is from, and text")
+    return index, RecalledNote(tuple(sources), text)
+
+
+def _notes(path: Path, value: Any, count: int) -> dict[int, RecalledNote]:
+    if not isinstance(value, list) or not all(isinstance(record, dict) for record in value):
+        raise SessionFileError(f"{path}: 'recalled' must be a list of notes")
+    messages = [{"role": "user" if index % 2 == 0 else "assistant"} for index in range(count)]
+    return dict(_note(str(path), record, messages) for record in value)
 
 
 def _messages(path: Path, value: Any) -> list[dict[str, str]]:
@@ -151,6 +182,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
     values: dict[str, str] = {}
     system_prompt = None
     messages: list[dict[str, str]] = []
+    recalled: dict[int, RecalledNote] = {}
     lines = text.split("\n")
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -171,15 +203,21 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
         elif kind == "user":
             if messages and messages[-1]["role"] == "user":
                 messages.pop()  # never answered, and followed by another: it left the conversation
+                recalled.pop(len(messages), None)
             messages.append({"role": "user", "content": _record_text(path, number, record)})
         elif kind == "reply" and messages and messages[-1]["role"] == "user":
             messages.append({"role": "assistant", "content": _record_text(path, number, record)})
+        elif kind == "recall":
+            index, note = _note(f"{path} line {number}", record, messages)
+            recalled[index] = note
         elif kind == "rewind":
             kept = record.get("messages")
             if not isinstance(kept, int) or kept < 0:
                 raise SessionFileError(f"{path} line {number}: a rewind needs a message count")
             del messages[kept:]
+            recalled = {index: note for index, note in recalled.items() if index < kept}
     unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
+    recalled = {index: note for index, note in recalled.items() if index < len(messages)}
     return SavedSession(
         messages=messages,
         system_prompt=system_prompt,
@@ -188,6 +226,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
         model=_optional_text(path, header, "model"),
         unanswered=unanswered,
         version=JOURNAL_VERSION,
+        recalled=recalled,
     )
 
 

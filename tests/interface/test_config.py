@@ -151,6 +151,7 @@ EVERY_OPTION = {
     "device_map": ("auto", "auto"),
     "eviction": ("turn", "turn"),
     "read_all": ("true", True),
+    "recall": ("off", "off"),
     "compile": ("on", "on"),
     "trust_remote_code": ("1", True),
     "allow_pickle": ("on", True),
@@ -359,6 +360,7 @@ def test_the_old_name_evict_still_works_everywhere_and_the_new_one_wins(tmp_path
     )
     assert resolve_run_config({}, {}, config_file(tmp_path, "evict = 'turn'\n")).eviction == "turn"
     assert error_of({"eviction": "oldest"}, {}) == "--eviction oldest: must be one of token, turn"
+    assert error_of({}, {"STREAMCHAT_RECALL": "always"}) == "STREAMCHAT_RECALL='always': must be one of auto, off"
 
 
 def test_the_old_name_sinks_still_works_everywhere_means_keep_and_the_new_one_wins(tmp_path: Path) -> None:

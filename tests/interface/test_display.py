@@ -206,3 +206,12 @@ def test_a_first_compile_is_announced_before_it_blocks_and_timed_after():
         "decode step compiled in 41.3 s",
         "Hi.",
     ]
+
+
+def test_a_recall_is_one_line_naming_its_turns():
+    from streamchat.generation.events import Recalled
+    from streamchat.interface.display import recalled_text
+
+    assert recalled_text(Recalled(2, (3, 7), 41)) == "↺ recalled 2 passages from turns 3 and 7 (41 tokens)"
+    assert recalled_text(Recalled(1, (2,), 9)) == "↺ recalled 1 passage from turn 2 (9 tokens)"
+    assert recalled_text(Recalled(3, (1, 2, 5), 60)) == "↺ recalled 3 passages from turns 1, 2 and 5 (60 tokens)"

@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from streamchat.conversation.state import RecalledNote
 from streamchat.serve.openai_api import Limits
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import REPLY, wait_idle
@@ -181,3 +182,25 @@ def test_cors_is_off_unless_an_origin_is_given(start_server, scripted) -> None:
     assert "x-streamchat-conversation" in reply.headers["access-control-expose-headers"].lower()
     other = {**preflight, "Origin": "https://elsewhere.example"}
     assert opened.http.options(f"{opened.url}/v1/chat/completions", headers=other).status_code == 400
+
+
+def test_a_conversation_recalls_what_left_its_cache_and_journals_the_note(start_server, scripted) -> None:
+    server = start_server(scripted, window=256)
+    fact = "My sister's name is Ilse."
+    filler = "Write a short poem about a lighthouse on a stormy night, with waves and gulls and a keeper."
+    history = [{"role": "user", "content": fact}]
+    conversation = None
+    for _ in range(12):  # enough turns for the fact to leave a 256-token window
+        response = server.post({"messages": history, "temperature": 0})
+        assert response.status_code == 200, response.text
+        conversation = response.headers["x-streamchat-conversation"]
+        history += [response.json()["choices"][0]["message"], {"role": "user", "content": filler}]
+    history[-1] = {"role": "user", "content": "What is my sister's name?"}
+    response = server.post({"messages": history, "temperature": 0})
+    assert response.status_code == 200 and response.headers["x-streamchat-conversation"] == conversation
+    saved = read_session(server.sessions / f"{conversation}.jsonl")
+    question = len(history) - 1
+    assert saved.messages[question] == {"role": "user", "content": "What is my sister's name?"}
+    assert saved.recalled == {
+        question: RecalledNote(messages=(0,), text=f"Earlier in this conversation:\nI said: {fact}")
+    }

@@ -3,10 +3,11 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
-from streamchat.conversation.state import ConversationState
+from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.errors import SessionFileError
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import JOURNAL_VERSION, list_sessions, read_session, save_session
@@ -186,3 +187,39 @@ def test_sessions_are_listed_newest_first_in_both_formats(journal, tmp_path):
     ]
     assert len(problems) == 1 and "broken.jsonl" in problems[0]
     assert list_sessions(tmp_path / "nowhere") == ([], [])
+
+
+# ---- recall notes -------------------------------------------------------------------------
+
+NOTE = RecalledNote(messages=(0,), text="Earlier in this conversation:\nI said: My sister's name is Ilse.")
+MESSAGES = [
+    {"role": "user", "content": "My sister's name is Ilse."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "What is my sister's name?"},
+    {"role": "assistant", "content": "Ilse."},
+]
+
+
+def test_a_note_is_journaled_after_its_message_and_read_back(tmp_path: Path):
+    journal = Journal(tmp_path, "tiny", {"sinks": 4, "window": 64}, on_error=print)
+    journal.record(ConversationState(MESSAGES[:2], None, {"eviction": "token"}))
+    journal.record_user(ConversationState(MESSAGES[:2], None, {"eviction": "token"}), MESSAGES[2]["content"])
+    journal.record(ConversationState(MESSAGES, None, {"eviction": "token"}, recalled={2: NOTE}), "eos")
+    assert journal.path is not None
+    kinds = [line.split('"type": "')[1].split('"')[0] for line in journal.path.read_text().splitlines()[1:]]
+    assert kinds == ["settings", "user", "reply", "user", "recall", "reply"]
+    saved = read_session(journal.path)
+    assert saved.messages == MESSAGES and saved.recalled == {2: NOTE}
+    assert saved.state().recalled == {2: NOTE}
+    # A rewind past the message takes its note with it.
+    journal.record(ConversationState(MESSAGES[:2], None, {"eviction": "token"}, recalled={}))
+    assert read_session(journal.path).recalled == {}
+    journal.close()
+
+
+def test_a_saved_json_session_keeps_its_notes(tmp_path: Path):
+    path = tmp_path / "saved.json"
+    save_session(path, ConversationState(MESSAGES, None, {"eviction": "token"}, recalled={2: NOTE}), "tiny")
+    assert read_session(path).recalled == {2: NOTE}
+    save_session(path, ConversationState(MESSAGES, None, {"eviction": "token"}), "tiny")
+    assert "recalled" not in path.read_text() and read_session(path).recalled == {}
