@@ -1,0 +1,121 @@
+"""Replies decoded in a batch equal the same replies decoded alone, row by row: tokens, caches, sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+import torch
+
+from streamchat.cache import SinkCache, forward
+from streamchat.cache.snapshots import cache_state
+from streamchat.generation.batch import DecodeBatch
+from streamchat.generation.decoder import Decoder
+from streamchat.generation.events import DecodeQueued
+from streamchat.generation.sampling import Sampler
+from streamchat.generation.settings import GenerationSettings
+from tests.support.models import VOCAB, tiny_model
+
+WINDOW = 48
+GREEDY = GenerationSettings(temperature=0.0)
+SAMPLED = GenerationSettings(temperature=0.8, top_p=0.9, repetition_penalty=1.3)
+
+
+class Conversation:
+    """One row: its own sinks, prompt, settings and seed; joins at round `joins`, decodes `count` tokens."""
+
+    def __init__(self, model, sinks: int, prompt: int, count: int, joins: int, settings, seed: int) -> None:
+        self.sinks, self.prompt, self.count, self.joins = sinks, prompt, count, joins
+        self.settings, self.seed = settings, seed
+        self.cache = SinkCache.for_model(model, sinks, WINDOW)
+        ids = torch.randint(3, VOCAB, (1, prompt), generator=torch.Generator().manual_seed(seed))
+        self.decoder = Decoder(model, self.cache, vocab_size=VOCAB)
+        self.decoder.start(forward(model, self.cache, ids).logits, settings, Sampler(seed=seed))
+        self.tokens: list[int] = []
+
+    def alone(self) -> list[int]:
+        return [self.decoder.next().token for _ in range(self.count)]
+
+    def in_batch(self, batch: DecodeBatch) -> Generator[DecodeQueued, None, None]:
+        try:
+            for _ in range(self.count):
+                decoded = yield from batch.next(self.decoder)
+                self.tokens.append(decoded.token)
+        finally:
+            batch.leave(self.decoder)
+
+
+def run_rounds(batch: DecodeBatch, conversations: list[Conversation]) -> int:
+    """The server's worker in small: each round, every reply up to its next token, then the batched step."""
+    running, waiting, widest = [], sorted(conversations, key=lambda c: c.joins), 0
+    rounds = 0
+    while running or waiting:
+        while waiting and waiting[0].joins <= rounds:
+            running.append(waiting.pop(0).in_batch(batch))
+        for reply in list(running):
+            try:
+                next(reply)
+            except StopIteration:
+                running.remove(reply)
+        if batch.ready():
+            widest = max(widest, len(batch._queued))
+            batch.run()
+        rounds += 1
+    return widest
+
+
+def conversations(model, settings) -> list[Conversation]:
+    # Different sinks, prompt lengths (so positions and sink shifts differ), lengths and arrival times:
+    # the window fills and evicts in every row, rows join and leave while others decode.
+    return [
+        Conversation(model, 4, 20, 90, 0, settings, 1),
+        Conversation(model, 7, 40, 60, 5, settings, 2),
+        Conversation(model, 2, 5, 120, 0, settings, 3),
+        Conversation(model, 4, 44, 30, 40, settings, 4),
+        Conversation(model, 9, 30, 70, 12, settings, 5),
+    ]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, settings):
+    model = tiny_model(model_type)  # float32; gemma2 has sliding layers beside the sink layers
+    alone = [conversation.alone() for conversation in conversations(model, settings)]
+    batched = conversations(model, settings)
+    batch = DecodeBatch(model)
+    widest = run_rounds(batch, batched)
+    assert widest == 5  # every row decoded together at some point
+    assert batch.members == [] and batch.steps < sum(c.count for c in batched)
+    assert [conversation.tokens for conversation in batched] == alone
+    assert len({tuple(tokens) for tokens in alone}) == len(alone)  # five different streams
+    assert all(conversation.cache.stats().evicted > 0 for conversation in batched)
+
+
+def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_storage():
+    model = tiny_model("llama")
+    alone = conversations(model, SAMPLED)
+    for conversation in alone:
+        conversation.alone()
+    batched = conversations(model, SAMPLED)
+    batch = DecodeBatch(model)
+    run_rounds(batch, batched)
+    for one, other in zip(alone, batched, strict=True):
+        mine, theirs = cache_state(one.cache), cache_state(other.cache)
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            torch.testing.assert_close(theirs[name], mine[name], rtol=0, atol=1e-5, msg=name)
+        for layer in other.cache.layers:
+            assert layer.keys._base is None and layer.keys.is_contiguous()  # no view of the pool left
+    # ... and each goes on decoding alone exactly as the one never batched
+    for one, other in zip(alone, batched, strict=True):
+        assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
+
+
+def test_fixed_rows_pad_a_step_to_a_power_of_two_without_changing_any_row():
+    model = tiny_model("llama")
+    alone = [conversation.alone() for conversation in conversations(model, GREEDY)]
+    batched = conversations(model, GREEDY)
+    batch = DecodeBatch(model, fixed_rows=True)
+    run_rounds(batch, batched)
+    assert [conversation.tokens for conversation in batched] == alone
+    assert batch.caches._keys[0].shape[0] == 8  # five rows run as a bucket of eight
