@@ -59,6 +59,8 @@ class _Active:
     """The device tensors of the step under way, read by update() for every layer."""
 
     rows: int  # members and padding
+    width: int  # the sink layers' slots attention reads: as far as any row has written (all, with fixed rows)
+    sliding_width: int
     write: torch.Tensor  # [rows] the slot each row writes in the sink layers
     sliding_write: torch.Tensor | None  # [rows] in the sliding layers
     rotations: dict[int, tuple[torch.Tensor, torch.Tensor]]  # table index -> cos, sin [rows, 1, 1, rotary_dim]
@@ -146,9 +148,12 @@ class CacheBatch(Cache):
         if active is None:
             raise CacheStateError("the batch was updated outside a step: call the model inside batch.decode_step")
         layer = self.members[0].layers[layer_idx]
-        keys, values = self._keys[layer_idx][: active.rows], self._values[layer_idx][: active.rows]
+        sliding = isinstance(layer, SlidingLayer)
+        width = active.sliding_width if sliding else active.width
+        keys = self._keys[layer_idx][: active.rows, :, :width]
+        values = self._values[layer_idx][: active.rows, :, :width]
         rows = torch.arange(active.rows, device=keys.device)
-        write = active.sliding_write if isinstance(layer, SlidingLayer) else active.write
+        write = active.sliding_write if sliding else active.write
         # Advanced indices around a slice: keys[rows, :, write] is [rows, heads, dim].
         keys[rows, :, write] = key_states[:, :, 0]
         values[rows, :, write] = value_states[:, :, 0]
@@ -185,21 +190,31 @@ class CacheBatch(Cache):
         if padding:
             scalars = torch.cat((scalars, scalars.new_zeros(padding, scalars.shape[1])))
         input_ids = torch.cat([token.reshape(1) for token in tokens] + [scalars.new_zeros(padding)])[:, None]
-        full = self._held(rows, [member.occupancy.held for member in members], self._keys_width(sliding=False))
+        # Attention reads as far as the furthest row has written (a short conversation's slots past
+        # that are empty in every row); with fixed rows, always the whole width (one shape a bucket).
+        width, sliding_width = self._keys_width(sliding=False), 0
+        if not self.fixed_rows:
+            width = max(member.sinks + member.ledger.ring.extent for member in members)
+            width = max(width, self._sink_columns())  # the sinks are placed in every row's first columns
+        full = self._held(rows, [member.occupancy.held[:width] for member in members], width)
         sliding = None
         if first.sliding is not None:
-            sliding_held = [member.occupancy.sliding_held for member in members]
-            sliding = self._held(rows, sliding_held, self._keys_width(sliding=True))
+            sliding_width = self._keys_width(sliding=True)
+            if not self.fixed_rows:
+                sliding_width = max(member.sliding.ring.extent for member in members)
+            sliding_held = [member.occupancy.sliding_held[:sliding_width] for member in members]
+            sliding = self._held(rows, sliding_held, sliding_width)
         rotations = {}
         for index, table in enumerate(first.tables):
             cos, sin = table.cos_sin_rows(scalars[:, SINK_SHIFT])
             rotations[index] = (cos[:, None, None], sin[:, None, None])  # [rows, 1, 1, rotary_dim]
         sinks = torch.tensor([member.sinks for member in members] + [0] * padding, device=device)
-        # As many sink columns as the pool's sink layers have (the widest member's that made it).
-        widest = next((pristine.shape[2] for pristine in self._pristine if pristine is not None), 0)
+        widest = self._sink_columns()
         sink_rows = torch.arange(widest, device=device)[None, :] < sinks[:, None]  # [rows, sinks]
         self._active = _Active(
             rows,
+            width,
+            sliding_width,
             scalars[:, WRITE],
             scalars[:, SLIDING_WRITE] if first.sliding is not None else None,
             rotations,
@@ -234,6 +249,10 @@ class CacheBatch(Cache):
         if len(kinds) == 1:
             return made[kinds.pop()]
         return {name: made[own] for name, own in first.layer_types.items()}
+
+    def _sink_columns(self) -> int:
+        """As many sink columns as the pool's sink layers have (the widest member's that made it)."""
+        return next((pristine.shape[2] for pristine in self._pristine if pristine is not None), 0)
 
     def _keys_width(self, sliding: bool) -> int:
         kinds = [index for index, layer in enumerate(self.members[0].layers) if isinstance(layer, SlidingLayer)]
