@@ -119,3 +119,45 @@ def test_fixed_rows_pad_a_step_to_a_power_of_two_without_changing_any_row():
     run_rounds(batch, batched)
     assert [conversation.tokens for conversation in batched] == alone
     assert batch.caches._keys[0].shape[0] == 8  # five rows run as a bucket of eight
+
+
+def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=30, temperature=0.7, seed=5)
+
+    def session(system: str) -> ChatSession:
+        options = SessionOptions(settings=settings, window=40, system_prompt=system)
+        return ChatSession(model, byte_level_tokenizer(), options)
+
+    systems, questions = ["Be brief.", "You are a poet who likes long words."], ["Hi there.", "And then?"]
+    alone = [session(system) for system in systems]
+    for one in alone:
+        for question in questions:
+            list(one.chat(question))
+    batch = DecodeBatch(model)
+    batched = [session(system) for system in systems]
+    for one in batched:
+        one.decode_in(batch)
+    for question in questions:
+        turns = [one.chat(question) for one in batched]
+        while turns:
+            for turn in list(turns):
+                if next(turn, None) is None:
+                    turns.remove(turn)
+            if batch.ready():
+                batch.run()
+    assert batch.rows_fed > batch.steps and batch.members == []
+    for one, other in zip(alone, batched, strict=True):
+        mine, theirs = one.snapshot(), other.snapshot()
+        assert theirs.messages == mine.messages and theirs.tensors is not None
+        assert theirs.tensors.tensors.keys() == mine.tensors.tensors.keys()
+        for name, tensor in mine.tensors.tensors.items():
+            torch.testing.assert_close(theirs.tensors.tensors[name], tensor, rtol=0, atol=1e-5, msg=name)
+        restored = session(other.system_prompt)
+        list(restored.restore(theirs))
+        assert [e.text for e in restored.chat("More?") if hasattr(e, "text")] == [
+            e.text for e in one.chat("More?") if hasattr(e, "text")
+        ]
