@@ -5,9 +5,11 @@
 #
 # No downloads (random-initialised weights); about 6 minutes on one H200.
 #  1. The CUDA test tier (pytest -m cuda): the sink cache against the paper-style reference on
-#     CUDA with SDPA, eager and compiled (CUDA graphs); a 20-turn session with evictions and
-#     /regen, compiled against eager.
-#  2. Decode speed of Llama-2-7B shapes in bfloat16 at a full 4+2000 cache: streamchat with
+#     CUDA with streamchat's attention (SDPA, decode queries packed per KV head), eager and
+#     compiled (CUDA graphs); the compiled decode step's graph reading each KV head once; a
+#     20-turn session with evictions and /regen, compiled against eager.
+#  2. One decode query's attention (scripts/decode_attention_figures.py): seconds.
+#  3. Decode speed of Llama-2-7B shapes in bfloat16 at a full 4+2000 cache: streamchat with
 #     compile off and on, transformers' generate() with a compiled StaticCache, and the
 #     memory-bandwidth limit, in one table (streamchat bench decode).
 #
@@ -29,6 +31,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 echo "== 1. CUDA test tier"
 "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider -p no:xdist tests
 
-echo "== 2. decode speed, Llama-2-7B shapes, bfloat16, cache 4+2000 full"
+echo "== 2. one decode query's attention over 2005 slots: repeat_kv against packed heads, eager and compiled"
+"$PYTHON" scripts/decode_attention_figures.py --device cuda
+
+echo "== 3. decode speed, Llama-2-7B shapes, bfloat16, cache 4+2000 full"
 "$PYTHON" -m streamchat bench decode --random-init llama-2-7b --device cuda --dtype bfloat16 --quantize none \
     --window 2000 --full-cache --trials 3 --out "${OUT:-bench-results}/gpu-check"

@@ -142,8 +142,8 @@ RandomInitOption = Annotated[
     typer.Option(
         "--random-init",
         metavar="CONFIG",
-        help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, "
-        "smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
+        help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, smollm2-1.7b, "
+        "llama-3.2-1b, smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
         show_default=False,
     ),
 ]

@@ -12,6 +12,9 @@ Same model, prompt and greedy decoding for every row:
 - the memory-bandwidth limit: bytes read per token (weights, plus the KV cache at the
   reply's middle) over a bandwidth measured on the spot with one large GEMV.
 
+Beside each streamchat row's ms/token: the aten operators one of its decode steps calls
+(measure/aten_calls.py), counted after the timed trials.
+
 A model is loaded (--model) or built from random weights in a known shape
 (--random-init, no download: for GPU figures). --full-cache fills the cache to its
 capacity before the reply, so every step reads the whole window, as in a long chat.
@@ -37,6 +40,7 @@ from streamchat.generation.decoder import Decoder
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.loading.resolve import packaged_gguf
+from streamchat.measure.aten_calls import decode_aten_calls_per_token
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
 
@@ -298,6 +302,7 @@ def columns() -> list[Column]:
         Column("setting", "model loaded as"),
         Column("precision", "precision"),
         Column("ms_per_token", "ms/token", "{:.1f}"),
+        Column("aten_calls_per_token", "aten calls/token"),
         Column("tokens_per_second", "tok/s", "{:.1f}"),
         Column("limit_ms", "limit ms", "{:.1f}"),
         Column("x_of_limit", "x of limit", "{:.2f}"),
@@ -388,6 +393,19 @@ def measure(
         for index in order:
             seconds[index].append(runs[index][2](sizes))
     bandwidth = measure_bandwidth(first.device)
+    # Compiled rows compiled their step in the warm-up; counting compiles it once more, untimed.
+    backends = {STREAMCHAT: None, COMPILED: "inductor"}
+    calls = {
+        (contender.name, contender.setting.label): decode_aten_calls_per_token(
+            subjects[contender.setting.label].model,
+            subjects[contender.setting.label].ids,
+            sizes.sinks,
+            sizes.window,
+            backends[contender.name],
+        )
+        for contender in rows
+        if contender.name in backends
+    }
     found = []
     for (engine, label, _), measured in zip(runs, seconds, strict=True):
         if engine == "llama.cpp":
@@ -399,5 +417,8 @@ def measure(
         limit = (
             weight_bytes_per_token(subject.model) + kv_bytes_per_token(subject.model, context, element)
         ) / bandwidth
-        found.append(row(engine, label, measured, limit) | {"precision": subject.precision})
+        found.append(
+            row(engine, label, measured, limit)
+            | {"precision": subject.precision, "aten_calls_per_token": calls.get((engine, label))}
+        )
     return found

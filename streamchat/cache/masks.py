@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import torch
 
-# How each attention implementation the sink cache runs with takes a mask: sdpa a boolean
-# one (True: attend), eager one added to the scores.
-BOOLEAN_MASK_ATTENTION = frozenset({"sdpa"})
+# The name streamchat's own attention (placement/attention.py) is registered under in transformers.
+STREAMCHAT_ATTENTION = "streamchat"
+
+# How each attention implementation the sink cache runs with takes a mask: sdpa and
+# streamchat's a boolean one (True: attend), eager one added to the scores.
+BOOLEAN_MASK_ATTENTION = frozenset({"sdpa", STREAMCHAT_ATTENTION})
 
 
 def chunk_mask(held: torch.Tensor, new_slots: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
+from streamchat.placement.attention import register_attention
 from streamchat.placement.device import Placement, detect_accelerators, plan_placement
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
@@ -193,15 +194,17 @@ def _load_pretrained(
 
 
 def attention_implementation(config: PreTrainedConfig) -> str:
-    """The attention a sink-cached model runs with: "sdpa" where the model supports it, else "eager".
+    """The attention a sink-cached model runs with: streamchat's where the model supports sdpa, else "eager".
 
-    The sink cache relies on the sdpa/eager attention-mask path; Gemma 2's logit
-    softcapping, for one, has no sdpa version.
+    streamchat's attention (placement/attention.py) is sdpa that reads each key/value head
+    once for a decode query, compiled too; it is registered with transformers here. The
+    sink cache relies on the sdpa/eager attention-mask path; Gemma 2's logit softcapping,
+    for one, has no sdpa version.
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    return register_attention() if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
 @contextmanager

@@ -12,7 +12,16 @@ from streamchat.placement.device import Accelerators
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import tiny_model
 
-DECODE_HEADER = ["engine", "setting", "precision", "ms_per_token", "tokens_per_second", "limit_ms", "x_of_limit"]
+DECODE_HEADER = [
+    "engine",
+    "setting",
+    "precision",
+    "ms_per_token",
+    "aten_calls_per_token",
+    "tokens_per_second",
+    "limit_ms",
+    "x_of_limit",
+]
 
 
 def test_decode_quick_prints_every_row_and_writes_the_csv(tiny_model_dir, tmp_path):
@@ -35,6 +44,10 @@ def test_decode_quick_prints_every_row_and_writes_the_csv(tiny_model_dir, tmp_pa
         ("transformers generate() + StaticCache", "--dtype float32 --quantize none"),
     ]
     assert rows[2]["precision"] == "float32"
+    # streamchat's rows count the aten calls of a decode step; the others have no count.
+    assert [row["aten_calls_per_token"] != "" for row in rows] == [True, False, True, False]
+    assert int(rows[0]["aten_calls_per_token"]) > 0 and int(rows[2]["aten_calls_per_token"]) > 0
+    assert "aten calls/token" in result.output
     assert all(float(row["ms_per_token"]) > 0 and float(row["x_of_limit"]) > 0 for row in rows)
     assert "streamchat / generate() ms per token, run defaults:" in result.output
     assert "cache 4+60, median of 1" in result.output

@@ -18,6 +18,7 @@ from streamchat.errors import (
 from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.conversion import conversion_dir, convert_gguf
 from streamchat.loading.loader import attention_implementation
+from streamchat.placement.attention import ATTENTION_NAME
 from tests.support.gguf_files import CONTEXT_LENGTH, write_tiny_gguf
 
 PROMPT = [{"role": "user", "content": "hello world"}]
@@ -53,7 +54,7 @@ def test_a_gguf_loads_exactly_as_transformers_reads_it(tmp_path: Path):
     assert (loaded.device, loaded.dtype) == (torch.device("cpu"), torch.float32)
     assert (loaded.max_context, loaded.parameters) == (CONTEXT_LENGTH, TINY_PARAMETERS)
     assert loaded.has_chat_template
-    assert loaded.model.config._attn_implementation == "sdpa"
+    assert loaded.model.config._attn_implementation == ATTENTION_NAME
     assert loaded.load_seconds > 0
 
     reference_model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name)
@@ -122,8 +123,10 @@ def test_a_damaged_conversion_is_to_be_deleted_and_made_again(tmp_path: Path):
     )
 
 
-@pytest.mark.parametrize(("model_type", "attention"), [("llama", "sdpa"), ("gemma2", "eager"), ("qwen2", "sdpa")])
-def test_attention_is_sdpa_unless_the_model_lacks_it(model_type: str, attention: str):
+@pytest.mark.parametrize(
+    ("model_type", "attention"), [("llama", ATTENTION_NAME), ("gemma2", "eager"), ("qwen2", ATTENTION_NAME)]
+)
+def test_attention_is_streamchat_sdpa_unless_the_model_lacks_sdpa(model_type: str, attention: str):
     assert attention_implementation(AutoConfig.for_model(model_type)) == attention
 
 

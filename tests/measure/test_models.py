@@ -17,6 +17,33 @@ def test_the_llama_2_7b_preset_is_the_papers_model():
     assert (config.num_key_value_heads, config.vocab_size, config.max_position_embeddings) == (32, 32000, 4096)
 
 
+def test_the_cpu_sized_presets_are_smollm2_1_7b_and_llama_3_2_1b():
+    smollm = random_config("smollm2-1.7b")
+    shape = (smollm.hidden_size, smollm.intermediate_size, smollm.num_hidden_layers, smollm.num_attention_heads)
+    assert (smollm.model_type, *shape) == ("llama", 2048, 8192, 24, 32)
+    assert (smollm.num_key_value_heads, smollm.vocab_size, smollm.tie_word_embeddings) == (32, 49152, True)
+    llama = random_config("llama-3.2-1b")
+    shape = (llama.hidden_size, llama.intermediate_size, llama.num_hidden_layers, llama.num_attention_heads)
+    assert (llama.model_type, *shape) == ("llama", 2048, 8192, 16, 32)
+    assert (llama.num_key_value_heads, llama.head_dim, llama.vocab_size, llama.tie_word_embeddings) == (
+        8,
+        64,
+        128256,
+        True,
+    )
+    assert llama.rope_parameters["rope_type"] == "llama3" and llama.rope_parameters["factor"] == 32.0
+
+
+def test_the_llama_3_2_1b_shape_builds_a_tied_grouped_query_model_at_tiny_scale(monkeypatch):
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 256}
+    monkeypatch.setitem(PRESETS, "llama-3.2-1b", PRESETS["llama-3.2-1b"] | small)
+    model = random_model("llama-3.2-1b", "cpu", "float32").model
+    attention = model.model.layers[0].self_attn
+    assert (attention.q_proj.out_features, attention.k_proj.out_features) == (32 * 64, 8 * 64)
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert model.model.rotary_emb.rope_type == "llama3"
+
+
 def test_every_preset_builds_a_config():
     for name in PRESETS:
         assert random_config(name).model_type == PRESETS[name]["model_type"]

@@ -1,0 +1,95 @@
+"""streamchat's attention: SDPA that reads each key/value head once for a decode query, eager and compiled.
+
+transformers' "sdpa" attention packs a decode query's heads per key/value head only
+outside torch.compile (`not is_torchdynamo_compiling()` in its sdpa_attention.py); a
+compiled step falls back to `repeat_kv`, which copies every key and value head
+group-size times before SDPA reads them. Here one decode query always runs packed: the
+group's query heads become rows of one query per key/value head, so SDPA streams the
+cache as it is stored. Prompt chunks (more than one query) run exactly as transformers'
+sdpa path runs them.
+
+The function is registered under ATTENTION_NAME in transformers' AttentionInterface (and
+its mask creation is sdpa's), so a model loaded with `attn_implementation=ATTENTION_NAME`
+calls it in every attention layer; `decode_attention` is the same decode path for callers
+that run their own forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from streamchat.cache.masks import STREAMCHAT_ATTENTION
+
+ATTENTION_NAME = STREAMCHAT_ATTENTION
+
+
+def decode_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Attention of one query position per row, reading each key/value head once; returns [B, 1, H, Dv].
+
+    query [B, H, 1, D]; keys [B, KV, S, D] and values [B, KV, S, Dv] as the cache stores
+    them (H a multiple of KV); mask [B or 1, 1, 1, S], boolean (True: attend) or added to
+    the scores, shared by every head, or None to attend to all S. `scale` defaults to
+    D ** -0.5 as in SDPA.
+    """
+    batch, heads, _, head_dim = query.shape
+    kv_heads = keys.shape[1]
+    groups = heads // kv_heads
+    # [B, H, 1, D] -> [B, KV, G, D]: head h = kv * G + g, the order repeat_kv pairs them in.
+    packed = query.reshape(batch, kv_heads, groups, head_dim)
+    # The mask [B, 1, 1, S] broadcasts over the KV heads and the G rows of each.
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        packed, keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
+    )
+    # [B, KV, G, Dv] -> [B, 1, H, Dv]: a view, as the G rows of a head group are contiguous.
+    return attended.reshape(attended.shape[0], 1, heads, values.shape[-1])
+
+
+def streamchat_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query [B, H, q, D], key/value [B, KV, S, D]; out [B, q, H, Dv].
+
+    One query with a mask shared by the heads runs `decode_attention`; everything else
+    (prompt chunks, per-head masks, position biases, softcapping's refusal) is
+    transformers' sdpa path, unchanged.
+    """
+    decoding = (
+        query.shape[2] == 1
+        and kwargs.get("position_bias") is None
+        and kwargs.get("softcap") is None
+        and (attention_mask is None or attention_mask.shape[1] == 1)
+    )
+    if not decoding:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    return decode_attention(query, key, value, attention_mask, scaling, dropout), None
+
+
+def register_attention() -> str:
+    """Make ATTENTION_NAME a valid `attn_implementation` (idempotent); returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, streamchat_attention_forward)
+    # Models build their own masks for it exactly as for sdpa (boolean, None when causal suffices).
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+    return ATTENTION_NAME
