@@ -178,17 +178,18 @@ class TokenLoop:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
         logits = None
         start = 0
-        with torch.inference_mode():
-            for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
-                chunk = token_ids[start : start + size]
-                with out_of_memory_reported(self.device, f"reading {size} tokens"):
-                    logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
-                # The mirror forgets what left before it takes the chunk, as the cache did.
-                evicted = self._evicted(eviction) if eviction is not None else None
-                self.mirror.append(chunk, message)
-                if evicted is not None:
-                    yield evicted
-                start += size
+        for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
+            chunk = token_ids[start : start + size]
+            # Never yield inside inference mode: the mode is the thread's, and whoever drives this
+            # generator (the server's worker) runs other conversations' steps between two items.
+            with torch.inference_mode(), out_of_memory_reported(self.device, f"reading {size} tokens"):
+                logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+            # The mirror forgets what left before it takes the chunk, as the cache did.
+            evicted = self._evicted(eviction) if eviction is not None else None
+            self.mirror.append(chunk, message)
+            if evicted is not None:
+                yield evicted
+            start += size
         return logits
 
     def replay_message(self, ids: list[int], start: int, total: int, message: int) -> Generator[Event, None, None]:
