@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.loading.resolve import packaged_gguf
+from streamchat.measure.chat_client import Reply as TurnReply
 from streamchat.measure.chat_client import TurnRecord, Workload, run_conversations, served_model
 from streamchat.measure.report import Column, Row
 from streamchat.measure.server_process import HOST, ServerCommand, running
@@ -193,6 +194,7 @@ def measure(servers: Servers, sizes: ServeSizes, note: Callable[[str], None]) ->
             rows.append(summary_row(server.name, count, sizes.turns, records, seconds, kept))
             requests += request_rows(server.name, count, records)
             note(describe(rows[-1], seconds))
+    against_one(rows)
     return rows, requests
 
 
@@ -229,6 +231,11 @@ def columns() -> list[Column]:
         Column("empty", "empty", "{:d}"),
         Column("first_failed_turn", "first failed turn", "{:d}"),
         Column("tokens_per_second", "tok/s (all)", "{:.1f}"),
+        Column("throughput_vs_one", "x one conv.", "{:.2f}"),
+        Column("decode_each", "decode tok/s each", "{:.1f}"),
+        Column("decode_each_vs_alone", "each vs alone", "{:.0%}"),
+        Column("ttft_p50", "TTFT p50 s", "{:.3f}"),
+        Column("ttft_p95", "TTFT p95 s", "{:.3f}"),
         Column("ttft_early_p50", "TTFT p50 early s", "{:.3f}"),
         Column("ttft_early_p95", "TTFT p95 early s", "{:.3f}"),
         Column("ttft_late_p50", "TTFT p50 late s", "{:.3f}"),
@@ -250,6 +257,9 @@ def summary_row(
     late_ttft = [reply.ttft for reply in late if reply.ttft is not None]
     prompts = [reply.prompt_tokens for reply in late if reply.prompt_tokens is not None]
     reads = [reply.read_tokens for reply in late if reply.read_tokens is not None]
+    every_ttft = [r.reply.ttft for r in records if r.reply.ttft is not None]
+    decoding = [decode_speed(r.reply) for r in records]
+    decoding = [speed for speed in decoding if speed is not None]
     failed = [r.turn for r in records if r.reply.error is not None or r.reply.empty]
     caches = [r.reply.cache for r in records if r.reply.cache]
     return {
@@ -260,6 +270,9 @@ def summary_row(
         "empty": sum(r.reply.empty for r in records),
         "first_failed_turn": min(failed) if failed else None,
         "tokens_per_second": sum(r.reply.tokens for r in records) / seconds if seconds > 0 else None,
+        "decode_each": statistics.median(decoding) if decoding else None,
+        "ttft_p50": percentile(every_ttft, 0.5),
+        "ttft_p95": percentile(every_ttft, 0.95),
         "ttft_early_p50": percentile(early, 0.5),
         "ttft_early_p95": percentile(early, 0.95),
         "ttft_late_p50": percentile(late_ttft, 0.5),
@@ -269,6 +282,26 @@ def summary_row(
         "system_prompt": system_prompt,
         "last_cache": caches[-1] if caches else None,
     }
+
+
+def decode_speed(reply: TurnReply) -> float | None:
+    """A reply's own decode speed: its tokens after the first over the time after the first; None if too short."""
+    if reply.error is not None or reply.ttft is None or reply.tokens < 2 or reply.seconds <= reply.ttft:
+        return None
+    return (reply.tokens - 1) / (reply.seconds - reply.ttft)
+
+
+def against_one(rows: list[Row]) -> None:
+    """Each row's throughput and per-conversation decode speed against its server's one-conversation row."""
+    alone = {row["server"]: row for row in rows if row["conversations"] == 1}
+    for row in rows:
+        one = alone.get(row["server"])
+        if one is None:
+            continue
+        if row["tokens_per_second"] and one["tokens_per_second"]:
+            row["throughput_vs_one"] = row["tokens_per_second"] / one["tokens_per_second"]
+        if row["decode_each"] and one["decode_each"]:
+            row["decode_each_vs_alone"] = row["decode_each"] / one["decode_each"]
 
 
 def describe(row: Row, seconds: float) -> str:

@@ -42,6 +42,13 @@ class RotaryTable:
         cos, sin = cos_table.index_select(0, row)[0], sin_table.index_select(0, row)[0]  # [rotary_dim / 2]
         return self._laid_out(cos), self._laid_out(sin * shift.sign().reshape(1).to(sin.dtype))
 
+    def cos_sin_rows(self, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin for each of `shifts` [n] at once: float32 cos and sin [n, rotary_dim] (a batch's sink shifts)."""
+        cos_table, sin_table = self.table(shifts.device)
+        rows = shifts.abs()
+        cos, sin = cos_table.index_select(0, rows), sin_table.index_select(0, rows)  # [n, rotary_dim / 2]
+        return self._laid_out(cos), self._laid_out(sin * shifts.sign()[:, None].to(sin.dtype))
+
     def partner(self, x: torch.Tensor) -> torch.Tensor:
         """The vector that rotation mixes in: rotated = x * cos + partner(x) * sin."""
         if self.layout == "rotate_half":

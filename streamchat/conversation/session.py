@@ -41,6 +41,7 @@ from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.errors import CacheStateError, ConfigError
+from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.events import (
     CacheOccupancy,
@@ -122,6 +123,10 @@ class ChatSession:
     @property
     def channel(self) -> StepChannel | None:
         return self.token_loop.channel
+
+    def decode_in(self, batch: DecodeBatch | None) -> None:
+        """Decode replies in `batch`, together with other sessions' over the same model (None: alone)."""
+        self.token_loop.batch = batch
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

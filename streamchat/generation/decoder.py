@@ -36,9 +36,9 @@ from streamchat.cache import SinkCache, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
-from streamchat.generation.lean_forward import lean_forward_for
-from streamchat.generation.sampling import Draw, Sampler, TokenDraw, make_draw, penalize_held
+from streamchat.generation.sampling import Draw, Sampler, Settled, TokenDraw, make_draw, penalize_held
 from streamchat.generation.settings import GenerationSettings
+from streamchat.placement.lean_forward import lean_forward_for
 
 
 def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tens
 
 
 def step_function(model: Any, lean: bool = True) -> Any:
-    """decode_step, or the same step through the lean forward where the model has one (generation/lean_forward.py)."""
+    """decode_step, or the same step through the lean forward where the model has one (placement/lean_forward.py)."""
     forward = lean_forward_for(model) if lean else None
     if forward is None:
         return decode_step
@@ -153,6 +153,27 @@ class Decoder:
             self.take_back()
             eviction = self._feed(settled.on_device)
         return Decoded(settled.token, eviction)
+
+    # ---- the phases of a step, for a batch that feeds several decoders at once (generation/batch.py) ----
+
+    def draw(self) -> Settled:
+        """Draw the next token from the logits after the last one fed, settled on the host before it is fed."""
+        row = self._penalized(self._row)
+        drawn = self._draw(row)
+        self._reader.send(drawn)
+        return self._draw.settle(row, drawn, self._reader.receive())
+
+    def feed(self, token: torch.Tensor) -> Eviction | None:
+        """Feed token [1] alone (as next() does); what feeding it evicted."""
+        return self._feed(token)
+
+    def checkpoint(self) -> None:
+        """Before a batch feeds this decoder's token: what take_back() returns to."""
+        self._checkpoint, self._previous_row = Checkpoint.take(self.cache), self._row
+
+    def fed(self, logits: torch.Tensor) -> None:
+        """A batch fed this decoder's token: `logits` [1, 1, vocab] are its row's, the next token is drawn from them."""
+        self._row = self._last_row(logits)
 
     def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
         """The leader draws (settled on the host) and shares; every rank feeds the same token."""

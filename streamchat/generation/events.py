@@ -127,6 +127,11 @@ class Compiled:
 
 
 @dataclass(frozen=True)
+class DecodeQueued:
+    """The reply's next token waits for a step its batch runs with other conversations' (streamchat serve)."""
+
+
+@dataclass(frozen=True)
 class Replayed:
     """A transcript was fed through the cache (after /load or a new system prompt)."""
 
@@ -151,6 +156,7 @@ class NotResumed:
 
 Event = (
     TextDelta
+    | DecodeQueued
     | Evicted
     | PromptTruncated
     | PromptSkipped

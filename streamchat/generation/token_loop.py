@@ -22,6 +22,7 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
+from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.events import (
     CacheOccupancy,
@@ -75,6 +76,8 @@ class TokenLoop:
         self.mirror: CacheMirror | None = None
         # Set from outside, a signal handler included: the loop heeds it between two forward passes.
         self.stop_requested = False
+        # Replies decode in this batch, one row among other conversations' (the server's), when set.
+        self.batch: DecodeBatch | None = None
 
     def use_sinks(self, sinks: int) -> None:
         """Keep `sinks` tokens from now on, in a new, empty cache."""
@@ -130,15 +133,27 @@ class TokenLoop:
         self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
     ) -> Generator[Event, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
+        self.decoder.start(logits, reply.settings, sampler)
+        if self.batch is None:
+            yield from self._decode(reply, message, stop_ids)
+            return
+        try:
+            yield from self._decode(reply, message, stop_ids)
+        finally:
+            self.batch.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
+
+    def _decode(self, reply: Reply, message: int, stop_ids: frozenset[int]) -> Generator[Event, None, None]:
         settings = reply.settings
-        self.decoder.start(logits, settings, sampler)
         while True:
-            compiling = self.decoder.will_compile and not self.stop_requested
+            compiling = self.batch is None and self.decoder.will_compile and not self.stop_requested
             if compiling:
                 yield Compiling()
             with out_of_memory_reported(self.device, "generating"):
                 # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
-                decoded = self.decoder.next(self.stop_requested)
+                if self.batch is None:
+                    decoded = self.decoder.next(self.stop_requested)
+                else:
+                    decoded = yield from self.batch.next(self.decoder, self.stop_requested)
             if decoded is None:
                 break
             if compiling and self.decoder.compile_seconds is not None:
@@ -163,17 +178,18 @@ class TokenLoop:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
         logits = None
         start = 0
-        with torch.inference_mode():
-            for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
-                chunk = token_ids[start : start + size]
-                with out_of_memory_reported(self.device, f"reading {size} tokens"):
-                    logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
-                # The mirror forgets what left before it takes the chunk, as the cache did.
-                evicted = self._evicted(eviction) if eviction is not None else None
-                self.mirror.append(chunk, message)
-                if evicted is not None:
-                    yield evicted
-                start += size
+        for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
+            chunk = token_ids[start : start + size]
+            # Never yield inside inference mode: the mode is the thread's, and whoever drives this
+            # generator (the server's worker) runs other conversations' steps between two items.
+            with torch.inference_mode(), out_of_memory_reported(self.device, f"reading {size} tokens"):
+                logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+            # The mirror forgets what left before it takes the chunk, as the cache did.
+            evicted = self._evicted(eviction) if eviction is not None else None
+            self.mirror.append(chunk, message)
+            if evicted is not None:
+                yield evicted
+            start += size
         return logits
 
     def replay_message(self, ids: list[int], start: int, total: int, message: int) -> Generator[Event, None, None]:

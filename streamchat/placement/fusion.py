@@ -14,7 +14,7 @@ per row and group of inputs (int4), so its quantized values are those of the sep
 layers, rows side by side. The model keeps one copy of the weights: the old names
 (q_proj, ..., up_proj) become `ProjectionPart`s that take their slice of the fused
 output, computed once per input, so the model's own forward runs on as it did. The lean
-decode step (generation/lean_forward.py) calls the fused layers directly.
+decode step (placement/lean_forward.py) calls the fused layers directly.
 
 Only the llama-shaped families are fused (their attention and MLP read each input in
 the same way); under tensor parallelism nothing is, since transformers' plans name the

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from streamchat.conversation.state import ConversationState
 from streamchat.errors import SessionFileError
+from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.interface.sessions import restored, save_state
 from streamchat.serve.matching import ConversationIndex, is_session_id
@@ -59,6 +60,7 @@ class Served:
     key: StateKey | None  # what this run's cache states are valid for; None: none written or read
     sessions: Path  # the journals' directory (data_dir()/sessions)
     cache_layout: dict[str, object]  # keep and window, for each journal's header
+    batch: DecodeBatch | None = None  # where every session's replies decode together; None: each alone
 
 
 @dataclass
@@ -100,7 +102,7 @@ class ConversationPool:
     def start(self) -> None:
         """Build the first session (the server's settings and system prompt come from it) and file every
         journal already in the sessions directory, so that a request resending one continues it."""
-        session = self.served.new_session()
+        session = self._new_session()
         self._made += 1
         self._free.append(session)
         self.base_settings = dict(session.options())
@@ -215,12 +217,17 @@ class ConversationPool:
                 return self._free.pop()
             if self._made < self.max_live:
                 self._made += 1
-                return self.served.new_session()
+                return self._new_session()
             idle = [c for c in self.conversations.values() if c.session is not None and not c.busy]
             if idle:
                 self.park(min(idle, key=lambda c: c.last_used))
                 continue
             yield WAIT  # every live conversation is answering: wait for one to finish
+
+    def _new_session(self) -> ChatSession:
+        session = self.served.new_session()
+        session.decode_in(self.served.batch)
+        return session
 
     def _restore(
         self, conversation: HeldConversation, session: ChatSession, history: list[Message] | None, system: str | None

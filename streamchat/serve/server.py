@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 
 from streamchat.errors import ConfigError
+from streamchat.generation.batch import DecodeBatch
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
 from streamchat.interface.safe_text import safe_text
@@ -45,6 +46,7 @@ def run_server(
             key=state_key(config, loaded),
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},
+            batch=DecodeBatch(loaded.model),
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()

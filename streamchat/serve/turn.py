@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
 from streamchat.errors import ConfigError
-from streamchat.generation.events import PromptSkipped, TextDelta, TurnFinished
+from streamchat.generation.events import CacheOccupancy, Evicted, PromptSkipped, TextDelta, TurnFinished
 from streamchat.serve.openai_api import ApiError, ChatRequest, Message
 from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
 
@@ -126,7 +126,7 @@ class Turn:
                 yield STEP
             elif isinstance(event, TurnFinished):
                 finished = event
-            else:
+            elif not isinstance(event, CacheOccupancy | Evicted):  # news of a step already counted
                 yield STEP
         if finished is None:
             raise ApiError(500, "the reply ended without finishing", kind="server_error")

@@ -1,8 +1,10 @@
 """The one thread that owns the model: it runs every request's turn, a step of each in turn.
 
-Requests hand it their turns (streamchat.serve.turn); it takes one step of each (a decode
-step, a prompt chunk, a replayed message) round-robin, so a long reply never holds another
-conversation's first token back by more than a step or a chunk. Each item a turn yields goes
+Requests hand it their turns (streamchat.serve.turn); it takes one step of each (a prompt
+chunk, a replayed message, a reply token queued) round-robin, then feeds every queued reply
+token in one batched forward pass (streamchat.generation.batch), so concurrent replies cost
+little more than one, and a long reply never holds another conversation's first token back
+by more than a step or a chunk. Each item a turn yields goes
 to its request through `deliver` (the request's asyncio queue, via call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
 (the request gets 429). Closing stops every reply, lets each turn journal what it said, then
@@ -86,6 +88,9 @@ class Worker:
                 if self._closing:
                     self.stop_all()
                 waiting = [self._step(job, items) for job, items in active]
+                batch = self.pool.served.batch
+                if batch is not None and batch.ready():
+                    batch.run()  # every reply that queued a token this round, in one forward pass
                 active = [pair for pair, state in zip(active, waiting, strict=True) if state is not None]
                 if active and all(waiting):
                     with self._condition:
@@ -94,20 +99,21 @@ class Worker:
             self.pool.park_all()
 
     def _step(self, job: Job, items: Iterator[object]) -> bool | None:
-        """One step of `job`: True when it waits for a session, False when it worked, None when it ended."""
-        try:
-            item = next(items)
-        except StopIteration:
-            return self._end(job, END)
-        except ApiError as error:
-            return self._end(job, error)
-        except Exception as error:  # a bug or a failure in the engine: that request fails, the server goes on
-            log.exception("a request failed")
-            return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
-        if isinstance(item, Step):
-            return item.waiting
-        _deliver(job, item)
-        return False
+        """One step of `job` (its items delivered on the way): True when it waits for a session, False when
+        it worked or queued its next token for the batch, None when it ended."""
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return self._end(job, END)
+            except ApiError as error:
+                return self._end(job, error)
+            except Exception as error:  # a bug or a failure in the engine: that request fails, the server goes on
+                log.exception("a request failed")
+                return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
+            if isinstance(item, Step):
+                return item.waiting
+            _deliver(job, item)
 
     def _end(self, job: Job, last: object) -> None:
         if last is not END:

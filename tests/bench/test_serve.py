@@ -32,7 +32,8 @@ def test_serve_quick_runs_two_conversations_of_three_turns(tiny_model_dir, tmp_p
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    assert "llama.cpp row skipped: neither llama-cpp-python's server" in result.output
+    # Without llama-cpp-python, or with it: a directory model is no GGUF for llama.cpp either way.
+    assert "llama.cpp row skipped: " in result.output
     assert "3 turns, at most 8 tokens a reply" in result.output and "streamchat window 96" in result.output
 
     header, rows = _read(out / "serve.csv")
@@ -41,6 +42,7 @@ def test_serve_quick_runs_two_conversations_of_three_turns(tiny_model_dir, tmp_p
         ("streamchat", "2", "6", "0")
     ]
     assert rows[0]["system_prompt"] == "kept" and float(rows[0]["tokens_per_second"]) > 0
+    assert float(rows[0]["decode_each"]) > 0 and float(rows[0]["ttft_p95"]) >= float(rows[0]["ttft_p50"]) > 0
 
     header, requests = _read(out / "serve-requests.csv")
     assert header == list(bench.REQUEST_COLUMNS)
@@ -147,3 +149,21 @@ def test_conversations_are_a_list_of_whole_numbers() -> None:
         bench.parse_conversations("1,x")
     with pytest.raises(ConfigError, match="--conversations 0: must be at least 1"):
         bench.ServeSizes(conversations=(0,), turns=1, max_new_tokens=1, n_ctx=512)
+
+
+def test_each_conversation_s_decode_speed_and_the_rows_against_one_conversation() -> None:
+    assert bench.decode_speed(Reply(text="a", ttft=0.5, seconds=2.5, tokens=9)) == 4.0
+    assert bench.decode_speed(Reply(text="a", ttft=0.5, seconds=0.5, tokens=1)) is None
+    assert bench.decode_speed(Reply(error="HTTP 500")) is None
+    one = [TurnRecord(1, 1, Reply(text="a", ttft=0.1, seconds=2.1, tokens=21))]
+    eight = [TurnRecord(c, 1, Reply(text="a", ttft=0.3, seconds=4.3, tokens=21)) for c in range(1, 9)]
+    rows = [
+        bench.summary_row("streamchat", 1, 1, one, seconds=2.1, system_prompt="kept"),
+        bench.summary_row("streamchat", 8, 1, eight, seconds=4.3, system_prompt="kept"),
+    ]
+    bench.against_one(rows)
+    assert rows[0]["decode_each"] == 10.0 and rows[1]["decode_each"] == 5.0
+    assert rows[1]["decode_each_vs_alone"] == 0.5
+    assert rows[1]["throughput_vs_one"] == pytest.approx((168 / 4.3) / (21 / 2.1))
+    assert rows[0]["ttft_p50"] == 0.1 and rows[1]["ttft_p95"] == pytest.approx(0.3)
+    assert bench.parse_conversations("1,2,4,8,16") == (1, 2, 4, 8, 16)

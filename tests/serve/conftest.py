@@ -24,6 +24,7 @@ import torch
 import uvicorn
 
 from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.http import HttpOptions, create_app
 from streamchat.serve.openai_api import Limits
@@ -94,6 +95,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         limits: Limits | None = None,
         sessions: Path | None = None,
         cors: tuple[str, ...] = (),
+        batched: bool = True,
     ) -> RunningServer:
         model, tokenizer = model_and_tokenizer
         sessions = sessions or tmp_path / f"sessions-{len(stops)}"
@@ -103,6 +105,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             key=KEY,
             sessions=sessions,
             cache_layout={"keep": 4, "window": window},
+            batch=DecodeBatch(model) if batched else None,
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -18,7 +19,7 @@ def conversation(server, name: str, turns: int = 3) -> list[str]:
 
 def test_four_concurrent_conversations_each_equal_to_itself_served_alone(start_server, endless) -> None:
     names = ["alpha", "beta", "gamma", "delta"]
-    alone = start_server(endless, window=48)
+    alone = start_server(endless, window=48, batched=False)  # one at a time, each decode step its own
     expected = [conversation(alone, name) for name in names]
     together = start_server(endless, window=48, max_conversations=4)
     with ThreadPoolExecutor(len(names)) as threads:
@@ -26,6 +27,45 @@ def test_four_concurrent_conversations_each_equal_to_itself_served_alone(start_s
     assert got == expected
     assert len({tuple(replies) for replies in expected}) == 4  # four different conversations
     assert len(together.pool.conversations) == 4
+    batch = together.pool.served.batch
+    assert batch.rows_fed > batch.steps  # replies were decoded together, several rows a step
+    assert batch.members == []  # every reply left the batch when it ended
+
+
+def test_concurrent_streams_with_their_own_seeds_and_evictions_equal_each_served_alone(start_server, endless) -> None:
+    """Sampled replies (each its seed and temperature), long enough to evict, streamed side by side."""
+
+    def streamed(server, index: int) -> list[str]:
+        history, replies = [{"role": "system", "content": f"You are helper {index}."}], []
+        for turn in range(2):
+            history.append({"role": "user", "content": f"Question {turn} of {index}."})
+            body = {
+                "messages": history,
+                "stream": True,
+                "max_tokens": 40 + 7 * index,
+                "temperature": 0.5 + 0.1 * index,
+                "seed": 100 + index,
+            }
+            with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+                lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+            text = "".join(
+                chunk["choices"][0]["delta"].get("content", "")
+                for chunk in (json.loads(line[6:]) for line in lines)
+                if chunk["choices"]
+            )
+            history.append({"role": "assistant", "content": text})
+            replies.append(text)
+        return replies
+
+    alone = start_server(endless, window=40, batched=False)
+    expected = [streamed(alone, index) for index in range(5)]
+    together = start_server(endless, window=40, max_conversations=5)
+    with ThreadPoolExecutor(5) as threads:
+        got = list(threads.map(lambda index: streamed(together, index), range(5)))
+    assert got == expected
+    assert len({tuple(replies) for replies in expected}) == 5
+    batch = together.pool.served.batch
+    assert batch.rows_fed > batch.steps
 
 
 def test_a_long_reply_does_not_hold_another_conversation_back(start_server, endless) -> None:

@@ -11,11 +11,11 @@ from transformers import DynamicCache
 
 from streamchat.cache import SinkCache, forward
 from streamchat.generation.decoder import Decoder, decode_step
-from streamchat.generation.lean_forward import lean_forward_for
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.device import Accelerators
 from streamchat.placement.fusion import fuse_projections
+from streamchat.placement.lean_forward import lean_forward_for
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import VOCAB, tiny_model
 

@@ -1,0 +1,319 @@
+"""Several conversations' sink caches in one forward pass: one pooled allocation whose rows they view.
+
+    batch = CacheBatch()
+    batch.join(cache)                          # its layers' storage is now a view of a row of the pool
+    with batch.decode_step(tokens) as step:    # tokens [rows, 1]: one token for every member, in row order
+        model(input_ids=step.input_ids, cache=batch, position_ids=step.inputs.position_ids,
+              attention_mask=step.inputs.attention_mask)
+    batch.leave(cache)                         # its storage is its own again (a copy of its row)
+
+Why a pool rather than gathering the members' caches into a batch each step: gathering
+copies every member's whole cache, every layer, every step (4 + 2000 slots of the default
+model in float32 is about 90 MB a conversation a step), more than reading the weights.
+In a pool, a member's layers *are* views of its row (`keys[row:row + 1, :, :slots]`), so
+the batched attention reads the pool as it is, and each row's write lands in its cache.
+
+Every member stays a SinkCache of its own: its ledgers plan its step (its sinks, window,
+positions, sink shift, evictions) and its occupancy marks its slots, exactly as a one-row
+decode step does; only the device work of the step is shared. Whatever reads or writes a
+member's storage in place (checkpoints, reply snapshots, cache_state) is unchanged while
+it is a member. Leaving copies its row out, so a cache outside a batch owns its tensors
+and is saved and restored as always. Members sit in rows 0..n-1: one leaving gives its row
+to the last member (one row copied), so a step's rows are always the pool's first ones.
+
+Members may differ in sinks (each conversation's kept prefix): the pool's rows are as wide
+as the widest member, a narrower member views the first columns of its row, and the
+columns past its own are masked. With `fixed_rows`, a step runs a power-of-two number of
+rows (1, 2, 4, 8, ...), the rows past the members padding that write only into rows
+nobody views, so each bucket has one shape (for a compiled step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+from streamchat.cache import masks
+from streamchat.cache.layers import SinkLayer, SlidingLayer
+from streamchat.cache.ledger import Eviction
+from streamchat.cache.occupancy import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
+from streamchat.cache.sink_cache import SinkCache, StepInputs
+from streamchat.errors import CacheStateError
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """An open batched decode step: what the model runs with, and each member's eviction, in row order."""
+
+    input_ids: torch.Tensor  # [rows, 1], padding rows included
+    inputs: StepInputs  # position_ids [rows, 1]; masks [rows, 1, 1, slots]
+    evictions: list[Eviction | None]  # one per member
+
+
+@dataclass
+class _Active:
+    """The device tensors of the step under way, read by update() for every layer."""
+
+    rows: int  # members and padding
+    width: int  # the sink layers' slots attention reads: as far as any row has written (all, with fixed rows)
+    sliding_width: int
+    write: torch.Tensor  # [rows] the slot each row writes in the sink layers
+    sliding_write: torch.Tensor | None  # [rows] in the sliding layers
+    rotations: dict[int, tuple[torch.Tensor, torch.Tensor]]  # table index -> cos, sin [rows, 1, 1, rotary_dim]
+    sink_rows: torch.Tensor  # [rows, 1, sinks, 1] True where a row has that sink
+
+
+def bucket(count: int) -> int:
+    """The power of two a step of `count` rows runs as, with fixed rows: 1, 2, 4, 8, ..."""
+    return 1 << max(0, count - 1).bit_length()
+
+
+class CacheBatch(Cache):
+    """The transformers Cache a batched decode step is called with; its members are SinkCaches."""
+
+    def __init__(self, fixed_rows: bool = False) -> None:
+        super().__init__(layers=[])
+        self.fixed_rows = fixed_rows
+        self.members: list[SinkCache] = []
+        self._keys: list[torch.Tensor] = []  # per layer [pool rows, heads, width, dim]
+        self._values: list[torch.Tensor] = []
+        self._pristine: list[torch.Tensor | None] = []  # per sink layer [pool rows, heads, sinks, rotary_dim]
+        self._partners: list[torch.Tensor | None] = []
+        self._active: _Active | None = None
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def __contains__(self, cache: object) -> bool:
+        return any(member is cache for member in self.members)
+
+    @torch.inference_mode()
+    def join(self, cache: SinkCache) -> None:
+        """Make `cache` the last row: its storage is copied into the pool and becomes a view of it."""
+        if cache in self:
+            return
+        if not cache.ledger.sinks_full or not all(layer.is_initialized for layer in cache.layers):
+            raise CacheStateError("a cache joins a batch once its sinks are filled")
+        if self.members and not _same_layout(self.members[0], cache):
+            raise CacheStateError("every cache in a batch must be for the same model, dtype and device")
+        self._ensure_room(len(self.members) + 1, [*self.members, cache])
+        self._copy_in(cache, len(self.members))
+        self.members.append(cache)
+
+    @torch.inference_mode()
+    def leave(self, cache: SinkCache) -> None:
+        """`cache` owns its storage again (a copy of its row); the last member takes its row."""
+        if self._active is not None:
+            raise CacheStateError("a cache cannot leave a batch during its step")
+        row = next((index for index, member in enumerate(self.members) if member is cache), None)
+        if row is None:
+            return
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+            if isinstance(layer, SinkLayer):
+                layer.pristine_sinks, layer.sink_partners = layer.pristine_sinks.clone(), layer.sink_partners.clone()
+        last = self.members.pop()
+        if last is not cache:
+            self.members[row] = last
+            self._copy_in(last, row)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    @contextmanager
+    def decode_step(self, tokens: Sequence[torch.Tensor]) -> Iterator[BatchStep]:
+        """One token for every member (`tokens`, one [1] tensor each, in row order), one forward pass.
+
+        Entering plans each member's step as its own decode_step() does (room made, slots and
+        angles sent) and marks its slots; the block runs the model; leaving closes every
+        member's step. An exception from the block leaves the members torn, as in a one-row step.
+        """
+        if len(tokens) != len(self.members):
+            raise CacheStateError(f"a batch of {len(self.members)} caches got {len(tokens)} tokens")
+        with torch.inference_mode(), ExitStack() as opened:
+            evictions = [opened.enter_context(member.decode_step()) for member in self.members]
+            step = self._open(tokens)
+            try:
+                yield BatchStep(step[0], step[1], evictions)
+            finally:
+                self._active = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write each row's token [rows, heads, 1, dim] into its slot; the pool's rows [rows, heads, width, dim]."""
+        active = self._active
+        if active is None:
+            raise CacheStateError("the batch was updated outside a step: call the model inside batch.decode_step")
+        layer = self.members[0].layers[layer_idx]
+        sliding = isinstance(layer, SlidingLayer)
+        width = active.sliding_width if sliding else active.width
+        keys = self._keys[layer_idx][: active.rows, :, :width]
+        values = self._values[layer_idx][: active.rows, :, :width]
+        rows = torch.arange(active.rows, device=keys.device)
+        write = active.sliding_write if sliding else active.write
+        # Advanced indices around a slice: keys[rows, :, write] is [rows, heads, dim].
+        keys[rows, :, write] = key_states[:, :, 0]
+        values[rows, :, write] = value_states[:, :, 0]
+        if isinstance(layer, SinkLayer):
+            cos, sin = active.rotations[self.members[0]._table_of[layer_idx]]
+            pristine = self._pristine[layer_idx][: active.rows]
+            rotated = torch.addcmul(pristine * cos, self._partners[layer_idx][: active.rows], sin)
+            placed = keys[:, :, : pristine.shape[2], : pristine.shape[3]]
+            placed.copy_(torch.where(active.sink_rows, rotated, placed))
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        raise CacheStateError("each row of a batch has its own positions: they come with the step's inputs")
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_step")
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_step")
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _open(self, tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, StepInputs]:
+        """Every member's slots marked and scalars sent (their decode_step() is open): the step's inputs."""
+        members = self.members
+        count = len(members)
+        rows = bucket(count) if self.fixed_rows else count
+        first = members[0]
+        device = first.device
+        for member, token in zip(members, tokens, strict=True):
+            member.occupancy.take_decode_step(token.reshape(1, 1))
+        padding = rows - count
+        scalars = torch.stack([member.occupancy.scalars for member in members])  # [members, 6]
+        if padding:
+            scalars = torch.cat((scalars, scalars.new_zeros(padding, scalars.shape[1])))
+        input_ids = torch.cat([token.reshape(1) for token in tokens] + [scalars.new_zeros(padding)])[:, None]
+        # Attention reads as far as the furthest row has written (a short conversation's slots past
+        # that are empty in every row); with fixed rows, always the whole width (one shape a bucket).
+        width, sliding_width = self._keys_width(sliding=False), 0
+        if not self.fixed_rows:
+            width = max(member.sinks + member.ledger.ring.extent for member in members)
+            width = max(width, self._sink_columns())  # the sinks are placed in every row's first columns
+        full = self._held(rows, [member.occupancy.held[:width] for member in members], width)
+        sliding = None
+        if first.sliding is not None:
+            sliding_width = self._keys_width(sliding=True)
+            if not self.fixed_rows:
+                sliding_width = max(member.sliding.ring.extent for member in members)
+            sliding_held = [member.occupancy.sliding_held[:sliding_width] for member in members]
+            sliding = self._held(rows, sliding_held, sliding_width)
+        rotations = {}
+        for index, table in enumerate(first.tables):
+            cos, sin = table.cos_sin_rows(scalars[:, SINK_SHIFT])
+            rotations[index] = (cos[:, None, None], sin[:, None, None])  # [rows, 1, 1, rotary_dim]
+        sinks = torch.tensor([member.sinks for member in members] + [0] * padding, device=device)
+        widest = self._sink_columns()
+        sink_rows = torch.arange(widest, device=device)[None, :] < sinks[:, None]  # [rows, sinks]
+        self._active = _Active(
+            rows,
+            width,
+            sliding_width,
+            scalars[:, WRITE],
+            scalars[:, SLIDING_WRITE] if first.sliding is not None else None,
+            rotations,
+            sink_rows[:, None, :, None],
+        )
+        position_ids = scalars[:, POSITION : POSITION + 1]  # [rows, 1]
+        return input_ids, StepInputs(position_ids, self._attention_masks(full, sliding))
+
+    @staticmethod
+    def _held(rows: int, held: list[torch.Tensor], width: int) -> torch.Tensor:
+        """[rows, width]: each member's held slots, False past its own; a padding row sees its first slot only."""
+        mask = torch.zeros(rows, width, dtype=torch.bool, device=held[0].device)
+        for row, slots in enumerate(held):
+            mask[row, : slots.shape[0]] = slots
+        mask[len(held) :, 0] = True  # a row that sees nothing would make its softmax undefined
+        return mask
+
+    def _attention_masks(
+        self, full: torch.Tensor, sliding: torch.Tensor | None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """As SinkCache's, one query per row: 4D masks [rows, 1, 1, width]."""
+        first = self.members[0]
+
+        def shaped(held: torch.Tensor) -> torch.Tensor:
+            # for_attention makes [1, 1, rows, width] -> one query per row: [rows, 1, 1, width]
+            return masks.for_attention(held, first.boolean_masks, first.mask_dtype).reshape(held.shape[0], 1, 1, -1)
+
+        made = {False: shaped(full)}
+        if sliding is not None:
+            made[True] = shaped(sliding)
+        kinds = set(first.layer_types.values())
+        if len(kinds) == 1:
+            return made[kinds.pop()]
+        return {name: made[own] for name, own in first.layer_types.items()}
+
+    def _sink_columns(self) -> int:
+        """As many sink columns as the pool's sink layers have (the widest member's that made it)."""
+        return next((pristine.shape[2] for pristine in self._pristine if pristine is not None), 0)
+
+    def _keys_width(self, sliding: bool) -> int:
+        kinds = [index for index, layer in enumerate(self.members[0].layers) if isinstance(layer, SlidingLayer)]
+        if sliding:
+            return self._keys[kinds[0]].shape[2]
+        full = next(index for index, layer in enumerate(self.members[0].layers) if not isinstance(layer, SlidingLayer))
+        return self._keys[full].shape[2]
+
+    def _ensure_room(self, count: int, members: list[SinkCache]) -> None:
+        """A pool with `count` rows (a bucket's worth) as wide as the widest of `members`; members moved over."""
+        rows = bucket(count)
+        layers = range(len(members[0].layers))
+        widths = [max(member.layers[index].keys.shape[2] for member in members) for index in layers]
+        sinks = max(member.sinks for member in members)
+        if self._keys and self._keys[0].shape[0] >= rows and self._fits(widths, sinks):
+            return
+        rows = max(rows, self._keys[0].shape[0] if self._keys else 0)
+        template = members[0]
+        self._keys, self._values, self._pristine, self._partners = [], [], [], []
+        for layer, width in zip(template.layers, widths, strict=True):
+            heads, key_dim, value_dim = layer.keys.shape[1], layer.keys.shape[3], layer.values.shape[3]
+            self._keys.append(layer.keys.new_zeros(rows, heads, width, key_dim))
+            self._values.append(layer.values.new_zeros(rows, heads, width, value_dim))
+            if isinstance(layer, SinkLayer):
+                shape = (rows, heads, sinks, layer.pristine_sinks.shape[3])
+                self._pristine.append(layer.pristine_sinks.new_zeros(shape))
+                self._partners.append(layer.sink_partners.new_zeros(shape))
+            else:
+                self._pristine.append(None)
+                self._partners.append(None)
+        for row, member in enumerate(self.members):
+            self._copy_in(member, row)  # from its views of the old pool, which it keeps alive until rebound
+
+    def _fits(self, widths: list[int], sinks: int) -> bool:
+        if any(keys.shape[2] < width for keys, width in zip(self._keys, widths, strict=True)):
+            return False
+        return all(pristine is None or pristine.shape[2] >= sinks for pristine in self._pristine)
+
+    def _copy_in(self, cache: SinkCache, row: int) -> None:
+        """Copy `cache`'s storage into `row` and make its layers views of that row."""
+        for index, layer in enumerate(cache.layers):
+            slots = layer.keys.shape[2]
+            keys = self._keys[index][row : row + 1, :, :slots]
+            values = self._values[index][row : row + 1, :, :slots]
+            keys.copy_(layer.keys)
+            values.copy_(layer.values)
+            layer.keys, layer.values = keys, values
+            if isinstance(layer, SinkLayer):
+                pristine = self._pristine[index][row : row + 1, :, : cache.sinks]
+                partners = self._partners[index][row : row + 1, :, : cache.sinks]
+                pristine.copy_(layer.pristine_sinks)
+                partners.copy_(layer.sink_partners)
+                layer.pristine_sinks, layer.sink_partners = pristine, partners
+
+
+def _same_layout(first: SinkCache, other: SinkCache) -> bool:
+    if len(first.layers) != len(other.layers) or first.device != other.device:
+        return False
+    for mine, theirs in zip(first.layers, other.layers, strict=True):
+        if type(mine) is not type(theirs) or mine.keys.dtype != theirs.keys.dtype:
+            return False
+        if mine.keys.shape[1] != theirs.keys.shape[1] or mine.keys.shape[3] != theirs.keys.shape[3]:
+            return False
+    return True

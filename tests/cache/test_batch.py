@@ -1,0 +1,94 @@
+"""CacheBatch: the members' storage is a view of a pooled row while they are in it, their own again after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamchat.cache import SinkCache, forward
+from streamchat.cache.batch import CacheBatch, bucket
+from streamchat.cache.snapshots import cache_state
+from streamchat.errors import CacheStateError
+from tests.support.models import VOCAB, tiny_model
+
+
+def filled(model, sinks: int, tokens: int, seed: int) -> SinkCache:
+    cache = SinkCache.for_model(model, sinks, 24)
+    forward(model, cache, torch.randint(3, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(seed)))
+    return cache
+
+
+def step(model, batch: CacheBatch, tokens: list[int]) -> torch.Tensor:
+    with batch.decode_step([torch.tensor([token]) for token in tokens]) as opened:
+        return model(
+            input_ids=opened.input_ids,
+            cache=batch,
+            position_ids=opened.inputs.position_ids,
+            attention_mask=opened.inputs.attention_mask,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(count) for count in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+
+
+def test_members_view_their_rows_and_leaving_gives_each_its_own_storage_back():
+    model = tiny_model("llama")
+    caches = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 10), (6, 20), (2, 7)])]
+    before = [cache_state(cache) for cache in caches]
+    batch = CacheBatch()
+    for cache in caches:
+        batch.join(cache)
+    for row, cache in enumerate(caches):
+        layer = cache.layers[0]
+        assert layer.keys.data_ptr() == batch._keys[0][row].data_ptr()
+        assert layer.keys.shape[2] == cache.ledger.slots  # a narrower member views the first columns
+    for cache, state in zip(caches, before, strict=True):  # joining moved nothing
+        for name, tensor in cache_state(cache).items():
+            assert torch.equal(tensor, state[name]), name
+    batch.leave(caches[0])  # the last member takes the first row
+    assert batch.members == [caches[2], caches[1]]
+    assert caches[2].layers[0].keys.data_ptr() == batch._keys[0][0].data_ptr()
+    assert caches[0].layers[0].keys.is_contiguous() and caches[0].layers[0].keys._base is None
+    for cache, state in zip(caches, before, strict=True):
+        for name, tensor in cache_state(cache).items():
+            assert torch.equal(tensor, state[name]), name
+
+
+def test_a_batched_step_gives_each_row_the_logits_of_its_own_step():
+    model = tiny_model("qwen2")
+    alone = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 28), (3, 12)])]
+    together = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 28), (3, 12)])]
+    expected = []
+    for cache, token in zip(alone, (17, 99), strict=True):
+        with cache.decode_step():
+            inputs = cache.decode_inputs(torch.tensor([[token]]))
+            expected.append(
+                model(
+                    input_ids=torch.tensor([[token]]),
+                    cache=cache,
+                    position_ids=inputs.position_ids,
+                    attention_mask=inputs.attention_mask,
+                    logits_to_keep=1,
+                ).logits
+            )
+    batch = CacheBatch()
+    for cache in together:
+        batch.join(cache)
+    logits = step(model, batch, [17, 99])
+    for row, wanted in enumerate(expected):
+        torch.testing.assert_close(logits[row : row + 1], wanted, rtol=0, atol=1e-5)
+    for one, other in zip(alone, together, strict=True):
+        assert one.stats() == other.stats()  # the first evicted a token, both moved their sinks on
+
+
+def test_a_step_needs_a_token_for_every_member_and_a_member_its_sinks_filled():
+    model = tiny_model("llama")
+    batch = CacheBatch()
+    with pytest.raises(CacheStateError, match="sinks are filled"):
+        batch.join(filled(model, 8, 3, 0))
+    batch.join(filled(model, 4, 10, 1))
+    with pytest.raises(CacheStateError, match="got 2 tokens"):
+        step(model, batch, [1, 2])

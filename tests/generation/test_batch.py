@@ -1,0 +1,163 @@
+"""Replies decoded in a batch equal the same replies decoded alone, row by row: tokens, caches, sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+import torch
+
+from streamchat.cache import SinkCache, forward
+from streamchat.cache.snapshots import cache_state
+from streamchat.generation.batch import DecodeBatch
+from streamchat.generation.decoder import Decoder
+from streamchat.generation.events import DecodeQueued
+from streamchat.generation.sampling import Sampler
+from streamchat.generation.settings import GenerationSettings
+from tests.support.models import VOCAB, tiny_model
+
+WINDOW = 48
+GREEDY = GenerationSettings(temperature=0.0)
+SAMPLED = GenerationSettings(temperature=0.8, top_p=0.9, repetition_penalty=1.3)
+
+
+class Conversation:
+    """One row: its own sinks, prompt, settings and seed; joins at round `joins`, decodes `count` tokens."""
+
+    def __init__(self, model, sinks: int, prompt: int, count: int, joins: int, settings, seed: int) -> None:
+        self.sinks, self.prompt, self.count, self.joins = sinks, prompt, count, joins
+        self.settings, self.seed = settings, seed
+        self.cache = SinkCache.for_model(model, sinks, WINDOW)
+        ids = torch.randint(3, VOCAB, (1, prompt), generator=torch.Generator().manual_seed(seed))
+        self.decoder = Decoder(model, self.cache, vocab_size=VOCAB)
+        self.decoder.start(forward(model, self.cache, ids).logits, settings, Sampler(seed=seed))
+        self.tokens: list[int] = []
+
+    def alone(self) -> list[int]:
+        return [self.decoder.next().token for _ in range(self.count)]
+
+    def in_batch(self, batch: DecodeBatch) -> Generator[DecodeQueued, None, None]:
+        try:
+            for _ in range(self.count):
+                decoded = yield from batch.next(self.decoder)
+                self.tokens.append(decoded.token)
+        finally:
+            batch.leave(self.decoder)
+
+
+def run_rounds(batch: DecodeBatch, conversations: list[Conversation]) -> int:
+    """The server's worker in small: each round, every reply up to its next token, then the batched step."""
+    running, waiting, widest = [], sorted(conversations, key=lambda c: c.joins), 0
+    rounds = 0
+    while running or waiting:
+        while waiting and waiting[0].joins <= rounds:
+            running.append(waiting.pop(0).in_batch(batch))
+        for reply in list(running):
+            try:
+                next(reply)
+            except StopIteration:
+                running.remove(reply)
+        if batch.ready():
+            widest = max(widest, len(batch._queued))
+            batch.run()
+        rounds += 1
+    return widest
+
+
+def conversations(model, settings) -> list[Conversation]:
+    # Different sinks, prompt lengths (so positions and sink shifts differ), lengths and arrival times:
+    # the window fills and evicts in every row, rows join and leave while others decode.
+    return [
+        Conversation(model, 4, 20, 90, 0, settings, 1),
+        Conversation(model, 7, 40, 60, 5, settings, 2),
+        Conversation(model, 2, 5, 120, 0, settings, 3),
+        Conversation(model, 4, 44, 30, 40, settings, 4),
+        Conversation(model, 9, 30, 70, 12, settings, 5),
+    ]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, settings):
+    model = tiny_model(model_type)  # float32; gemma2 has sliding layers beside the sink layers
+    alone = [conversation.alone() for conversation in conversations(model, settings)]
+    batched = conversations(model, settings)
+    batch = DecodeBatch(model)
+    widest = run_rounds(batch, batched)
+    assert widest == 5  # every row decoded together at some point
+    assert batch.members == [] and batch.steps < sum(c.count for c in batched)
+    assert [conversation.tokens for conversation in batched] == alone
+    assert len({tuple(tokens) for tokens in alone}) == len(alone)  # five different streams
+    assert all(conversation.cache.stats().evicted > 0 for conversation in batched)
+
+
+def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_storage():
+    model = tiny_model("llama")
+    alone = conversations(model, SAMPLED)
+    for conversation in alone:
+        conversation.alone()
+    batched = conversations(model, SAMPLED)
+    batch = DecodeBatch(model)
+    run_rounds(batch, batched)
+    for one, other in zip(alone, batched, strict=True):
+        mine, theirs = cache_state(one.cache), cache_state(other.cache)
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            torch.testing.assert_close(theirs[name], mine[name], rtol=0, atol=1e-5, msg=name)
+        for layer in other.cache.layers:
+            assert layer.keys._base is None and layer.keys.is_contiguous()  # no view of the pool left
+    # ... and each goes on decoding alone exactly as the one never batched
+    for one, other in zip(alone, batched, strict=True):
+        assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
+
+
+def test_fixed_rows_pad_a_step_to_a_power_of_two_without_changing_any_row():
+    model = tiny_model("llama")
+    alone = [conversation.alone() for conversation in conversations(model, GREEDY)]
+    batched = conversations(model, GREEDY)
+    batch = DecodeBatch(model, fixed_rows=True)
+    run_rounds(batch, batched)
+    assert [conversation.tokens for conversation in batched] == alone
+    assert batch.caches._keys[0].shape[0] == 8  # five rows run as a bucket of eight
+
+
+def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=30, temperature=0.7, seed=5)
+
+    def session(system: str) -> ChatSession:
+        options = SessionOptions(settings=settings, window=40, system_prompt=system)
+        return ChatSession(model, byte_level_tokenizer(), options)
+
+    systems, questions = ["Be brief.", "You are a poet who likes long words."], ["Hi there.", "And then?"]
+    alone = [session(system) for system in systems]
+    for one in alone:
+        for question in questions:
+            list(one.chat(question))
+    batch = DecodeBatch(model)
+    batched = [session(system) for system in systems]
+    for one in batched:
+        one.decode_in(batch)
+    for question in questions:
+        turns = [one.chat(question) for one in batched]
+        while turns:
+            for turn in list(turns):
+                if next(turn, None) is None:
+                    turns.remove(turn)
+            if batch.ready():
+                batch.run()
+    assert batch.rows_fed > batch.steps and batch.members == []
+    for one, other in zip(alone, batched, strict=True):
+        mine, theirs = one.snapshot(), other.snapshot()
+        assert theirs.messages == mine.messages and theirs.tensors is not None
+        assert theirs.tensors.tensors.keys() == mine.tensors.tensors.keys()
+        for name, tensor in mine.tensors.tensors.items():
+            torch.testing.assert_close(theirs.tensors.tensors[name], tensor, rtol=0, atol=1e-5, msg=name)
+        restored = session(other.system_prompt)
+        list(restored.restore(theirs))
+        assert [e.text for e in restored.chat("More?") if hasattr(e, "text")] == [
+            e.text for e in one.chat("More?") if hasattr(e, "text")
+        ]
