@@ -14,6 +14,7 @@ from streamchat.generation.decoder import Decoder
 from streamchat.generation.events import DecodeQueued
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
+from streamchat.placement.fusion import fuse_projections
 from tests.support.models import VOCAB, tiny_model
 
 WINDOW = 48
@@ -76,10 +77,14 @@ def conversations(model, settings) -> list[Conversation]:
     ]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+@pytest.mark.parametrize("model_type", ["llama", "llama-fused", "gemma2"])
 @pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, settings):
-    model = tiny_model(model_type)  # float32; gemma2 has sliding layers beside the sink layers
+    # float32; gemma2 has sliding layers beside the sink layers; fused llama runs the lean forward
+    model = tiny_model(model_type.removesuffix("-fused"))
+    if model_type.endswith("-fused"):
+        fuse_projections(model)
+        assert DecodeBatch(model)._lean is not None
     alone = [conversation.alone() for conversation in conversations(model, settings)]
     batched = conversations(model, settings)
     batch = DecodeBatch(model)
