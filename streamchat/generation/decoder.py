@@ -266,10 +266,10 @@ def compile_backend(setting: str, device: torch.device) -> str | None:
     """What --compile auto|on|off means on `device`: a torch.compile backend, or None for eager steps.
 
     auto compiles on CUDA, where a step is thousands of kernel launches that CUDA graphs
-    replay at once, and not on the CPU, as measured (README, Benchmarks): there the eager
-    lean step (lean_forward.py) leaves little for inductor to fuse, the matrix products
-    and attention are the same aten kernels compiled or not, and compiling the default
-    model's step costs minutes on two cores (147-543 s measured on a loaded CI machine).
+    replay at once. Not on the CPU: compiling the default model's step costs minutes on two
+    cores (147-543 s measured on a loaded CI machine) and no compiled CPU run has yet shown
+    a faster step than the eager lean one (README, Benchmarks), whose matrix products and
+    attention are the same aten kernels compiled or not.
     """
     if setting not in defaults.COMPILE_SETTINGS:
         raise ConfigError(f"--compile {setting!r}: choose one of {', '.join(defaults.COMPILE_SETTINGS)}")

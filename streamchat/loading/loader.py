@@ -17,9 +17,7 @@ from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
-from streamchat.placement.attention import register_attention
 from streamchat.placement.device import Placement, detect_accelerators, plan_placement
-from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
@@ -110,6 +108,8 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
     quantizing = time.perf_counter()
     if options.tp_size == 1:
+        from streamchat.placement.fusion import fuse_projections  # imports torch: only once a model loads
+
         fuse_projections(model)  # before quantizing: the fused layers are quantized whole
     quantize_model(model, quantization)
     quantize_seconds = time.perf_counter() - quantizing
@@ -207,6 +207,8 @@ def attention_implementation(config: PreTrainedConfig) -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    from streamchat.placement.attention import register_attention  # imports torch and transformers
+
     return register_attention() if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 

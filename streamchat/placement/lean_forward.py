@@ -15,7 +15,7 @@ and the masks, one token's step needs little of that:
 
 The same operations as the model's own modules, in the same dtypes, so float32 logits
 agree with `model(...)` to rounding and bfloat16 ones within its bounds
-(tests/generation/test_lean_forward.py). Rows of a batch may sit at different positions
+(tests/placement/test_lean_forward.py). Rows of a batch may sit at different positions
 under different masks. It takes the fused layers placement/fusion.py made at load time;
 models without them run their own forward (lean_forward_for gives None).
 """
