@@ -139,13 +139,13 @@ class Decoder:
             return self._next_in_lockstep(stop_requested)
         if stop_requested:
             return None
+        if not self._reader.asynchronous:
+            # The host waits for the token anyway: settle the draw before feeding it.
+            settled = self.draw()
+            return Decoded(settled.token, self._feed(settled.on_device))
         row = self._penalized(self._row)
         drawn = self._draw(row)
         self._reader.send(drawn)
-        if not self._reader.asynchronous:
-            # The host waits for the token anyway: settle the draw before feeding it.
-            settled = self._draw.settle(row, drawn, self._reader.receive())
-            return Decoded(settled.token, self._feed(settled.on_device))
         eviction = self._feed(drawn.token)  # queued before the token is read: the device keeps busy
         settled = self._draw.settle(row, drawn, self._reader.receive())
         if settled.redrawn:
@@ -179,10 +179,7 @@ class Decoder:
         """The leader draws (settled on the host) and shares; every rank feeds the same token."""
         token = None
         if self.channel.leads and not stop_requested:
-            row = self._penalized(self._row)
-            drawn = self._draw(row)
-            self._reader.send(drawn)
-            token = self._draw.settle(row, drawn, self._reader.receive()).token
+            token = self.draw().token
         token = self.channel.share_token(token)
         if token is None:
             return None
@@ -212,7 +209,7 @@ class Decoder:
     def _feed(self, token: torch.Tensor) -> Eviction | None:
         """Feed token [1] through the cache; keep the logits after it, return what feeding it evicted."""
         cache = self.cache
-        self._checkpoint, self._previous_row = Checkpoint.take(cache), self._row
+        self.checkpoint()
         token = token.reshape(1, 1)
         if not cache.ledger.sinks_full:
             logits, eviction = forward(self.model, cache, token)
