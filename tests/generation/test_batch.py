@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Generator
 
 import pytest
@@ -83,6 +84,7 @@ def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, se
     # float32; gemma2 has sliding layers beside the sink layers; fused llama runs the lean forward
     model = tiny_model(model_type.removesuffix("-fused"))
     if model_type.endswith("-fused"):
+        model = copy.deepcopy(model)  # fusing works in place; tiny_model's models are shared
         fuse_projections(model)
         assert DecodeBatch(model)._lean is not None
     alone = [conversation.alone() for conversation in conversations(model, settings)]
