@@ -1,12 +1,14 @@
-"""streamchat's attention: SDPA that reads each key/value head once for a decode query, eager and compiled.
+"""streamchat's attention: a decode query reads each key/value head once, eager and compiled.
 
 transformers' "sdpa" attention packs a decode query's heads per key/value head only
 outside torch.compile (`not is_torchdynamo_compiling()` in its sdpa_attention.py); a
 compiled step falls back to `repeat_kv`, which copies every key and value head
 group-size times before SDPA reads them. Here one decode query always runs packed: the
-group's query heads become rows of one query per key/value head, so SDPA streams the
-cache as it is stored. Prompt chunks (more than one query) run exactly as transformers'
-sdpa path runs them.
+group's query heads become rows of one query per key/value head, which reads the
+cache as it is stored: through SDPA on accelerators, and on CPU through two matrix
+products and a float32 softmax, which run there at about twice SDPA's speed for a few
+query rows (README, Benchmarks). Prompt chunks (more than one query) run exactly as
+transformers' sdpa path runs them.
 
 The function is registered under ATTENTION_NAME in transformers' AttentionInterface (and
 its mask creation is sdpa's), so a model loaded with `attn_implementation=ATTENTION_NAME`
@@ -46,12 +48,44 @@ def decode_attention(
     groups = heads // kv_heads
     # [B, H, 1, D] -> [B, KV, G, D]: head h = kv * G + g, the order repeat_kv pairs them in.
     packed = query.reshape(batch, kv_heads, groups, head_dim)
-    # The mask [B, 1, 1, S] broadcasts over the KV heads and the G rows of each.
-    attended = torch.nn.functional.scaled_dot_product_attention(
-        packed, keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
-    )
+    if packed.device.type == "cpu" and dropout == 0.0:
+        attended = _products_attention(packed, keys, values, mask, head_dim**-0.5 if scale is None else scale)
+    else:
+        # The mask [B, 1, 1, S] broadcasts over the KV heads and the G rows of each.
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            packed, keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
+        )
     # [B, KV, G, Dv] -> [B, 1, H, Dv]: a view, as the G rows of a head group are contiguous.
     return attended.reshape(attended.shape[0], 1, heads, values.shape[-1])
+
+
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean mask (True: attend) as float32 terms added to the scores; other masks as they are.
+
+    A caller running many layers under one mask converts it once (placement/lean_forward.py).
+    """
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+
+
+def _products_attention(
+    packed: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """[B, KV, G, Dv] by two matrix products and a float32 softmax: on CPU, for a few query rows.
+
+    CPU SDPA splits its work by query rows and heads, G x KV of them here (9 for the
+    default model on 2 cores), and converts a boolean mask per call; two products over the
+    same keys run at memory speed. Scores are rounded to the cache's dtype as transformers'
+    eager attention rounds them; the scaling, the mask and the softmax run in float32.
+    """
+    scores = torch.matmul(packed, keys.transpose(-1, -2))  # [B, KV, G, S]
+    if mask is None:
+        weights = torch.softmax(scores.float() * scale, dim=-1)
+    else:
+        # One fused widening, scaling and masking: mask + scale * scores, in float32.
+        weights = torch.softmax(torch.add(additive_mask(mask), scores, alpha=scale), dim=-1)
+    return torch.matmul(weights.to(values.dtype), values)
 
 
 def streamchat_attention_forward(

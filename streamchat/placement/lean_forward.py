@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from streamchat.placement.attention import decode_attention
+from streamchat.placement.attention import additive_mask, decode_attention
 from streamchat.placement.fusion import FusedProjection, fusable
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
@@ -87,8 +87,13 @@ class LeanForward:
         hidden = self.embed(input_ids)  # [batch, 1, hidden]
         cos, sin = self.rotary(hidden, position_ids)  # [batch, 1, head_dim], the model's dtype
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [batch, 1, 1, head_dim]
+        # Converted once per step, not once per layer.
+        if isinstance(attention_mask, dict):
+            masks = {kind: additive_mask(mask) for kind, mask in attention_mask.items()}
+        else:
+            masks = additive_mask(attention_mask)
         for layer in self.layers:
-            mask = attention_mask[layer.layer_type] if isinstance(attention_mask, dict) else attention_mask
+            mask = masks[layer.layer_type] if isinstance(masks, dict) else masks
             query_key, value = self._projections(layer, hidden, batch)
             rotated = query_key * cos + query_key.roll(self.head_dim // 2, dims=-1) * sin
             queries, keys = rotated.split((self.q_heads, self.kv_heads), dim=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from streamchat.generation.decoder import decode_step
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import (
     ATTENTION_NAME,
+    additive_mask,
     decode_attention,
     register_attention,
     streamchat_attention_forward,
@@ -63,19 +65,35 @@ def _reference(query, keys, values, mask, scale) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_a_decode_query_gives_transformers_sdpa_result_for_each_row_of_a_batch(dtype, tolerance):
+def test_a_decode_query_gives_the_reference_result_for_each_row_of_a_batch(dtype, tolerance):
     query, keys, values = _tensors(1, dtype)
     mask = _row_masks(1)
     scale = 0.3
     ours = decode_attention(query, keys, values, mask, scale)
-    theirs, _ = sdpa_attention_forward(_Layer(), query, keys, values, mask, scaling=scale)
-    assert ours.shape == (BATCH, 1, HEADS, HEAD_DIM)
-    assert torch.equal(ours, theirs)  # eager transformers packs a decode query the same way
+    assert ours.shape == (BATCH, 1, HEADS, HEAD_DIM) and ours.dtype == dtype
     reference = _reference(query, keys, values, mask, scale)
     assert (ours.double() - reference).abs().max().item() < tolerance
     # Each row attends only to its own slots: the second row alone gives the same second row.
     alone = decode_attention(query[1:], keys[1:], values[1:], mask[1:], scale)
     torch.testing.assert_close(alone[0], ours[1])
+    # A caller may convert the mask once for many layers: the same result.
+    assert torch.equal(decode_attention(query, keys, values, additive_mask(mask), scale), ours)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_a_decode_query_on_cpu_agrees_with_transformers_sdpa(dtype, tolerance):
+    # On CPU decode attention is two products and a softmax (fewer, larger kernels); SDPA the same math.
+    query, keys, values = _tensors(1, dtype)
+    mask = _row_masks(1)
+    ours = decode_attention(query, keys, values, mask, 0.3)
+    theirs, _ = sdpa_attention_forward(_Layer(), query, keys, values, mask, scaling=0.3)
+    assert 0 < (ours.double() - theirs.double()).abs().max().item() < tolerance
+
+
+def test_a_boolean_mask_becomes_the_least_float_where_a_slot_is_hidden():
+    mask = torch.tensor([True, False, True])
+    assert additive_mask(mask).tolist() == [0.0, torch.finfo(torch.float32).min, 0.0]
+    assert additive_mask(additive_mask(mask)).tolist() == additive_mask(mask).tolist()
 
 
 def test_a_decode_query_with_no_mask_attends_to_every_slot():
@@ -88,11 +106,16 @@ def test_a_decode_query_with_no_mask_attends_to_every_slot():
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("queries", [1, 5])
-def test_the_attention_function_equals_transformers_sdpa_for_decode_and_prompt_chunks(dtype, tolerance, queries):
+def test_the_attention_function_is_decode_attention_for_one_query_and_transformers_sdpa_for_chunks(
+    dtype, tolerance, queries
+):
     query, keys, values = _tensors(queries, dtype)
     mask = _row_masks(queries)
     ours, _ = streamchat_attention_forward(_Layer(), query, keys, values, mask, dropout=0.0, scaling=0.25)
-    theirs, _ = sdpa_attention_forward(_Layer(), query, keys, values, mask, dropout=0.0, scaling=0.25)
+    if queries == 1:
+        theirs = decode_attention(query, keys, values, mask, 0.25)
+    else:
+        theirs, _ = sdpa_attention_forward(_Layer(), query, keys, values, mask, dropout=0.0, scaling=0.25)
     assert ours.shape == (BATCH, queries, HEADS, HEAD_DIM)
     assert torch.equal(ours, theirs)
     assert (ours.double() - _reference(query, keys, values, mask, 0.25)).abs().max().item() < tolerance
@@ -132,21 +155,28 @@ def _compiled_decode_graphs(attention: str, device: str = "cpu") -> tuple[list[t
     return graphs, config, cache
 
 
-def _attention_reads(graphs: list[torch.fx.GraphModule]) -> tuple[list[torch.Size], list[torch.Size]]:
-    """The query and key shapes of every SDPA call in the graphs."""
+def _attention_reads(graphs: list[torch.fx.GraphModule], head_dim: int) -> tuple[list[torch.Size], list[torch.Size]]:
+    """The query and key shapes [B, heads, S, D] of every attention in the graphs: SDPA calls, or score products."""
     sdpa = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
     queries, keys = [], []
     for graph in graphs:
         for node in graph.graph.nodes:
-            if node.op == "call_function" and node.target in sdpa:
-                queries.append(node.args[0].meta["example_value"].shape)
-                keys.append(node.args[1].meta["example_value"].shape)
+            if node.op != "call_function":
+                continue
+            shapes = [arg.meta["example_value"].shape for arg in node.args[:2] if isinstance(arg, torch.fx.Node)]
+            if node.target in sdpa:
+                queries.append(shapes[0])
+                keys.append(shapes[1])
+            elif node.target in (torch.matmul, operator.matmul) and shapes[0][-1] == shapes[1][-2] == head_dim:
+                # The scores: query [B, KV, G, D] @ keys transposed [B, KV, D, S] (the values' product has S there).
+                queries.append(shapes[0])
+                keys.append(torch.Size([*shapes[1][:-2], shapes[1][-1], shapes[1][-2]]))
     return queries, keys
 
 
 def test_the_compiled_decode_step_reads_each_kv_head_once():
     graphs, config, cache = _compiled_decode_graphs(register_attention())
-    queries, keys = _attention_reads(graphs)
+    queries, keys = _attention_reads(graphs, config.head_dim)
     assert len(keys) == config.num_hidden_layers
     capacity = cache.ledger.slots
     assert set(keys) == {torch.Size([1, KV_HEADS, capacity, config.head_dim])}
@@ -166,7 +196,7 @@ def test_the_compiled_decode_step_reads_each_kv_head_once():
 def test_transformers_sdpa_compiled_reads_keys_repeated_per_query_head():
     """What the step above avoids, seen by the same inspection: it can tell the two apart."""
     graphs, config, cache = _compiled_decode_graphs("sdpa")
-    _, keys = _attention_reads(graphs)
+    _, keys = _attention_reads(graphs, config.head_dim)
     assert set(keys) == {torch.Size([1, HEADS, cache.ledger.slots, config.head_dim])}
 
 
@@ -185,5 +215,5 @@ def test_on_cuda_a_decode_query_gives_the_reference_result_for_each_row(dtype):
 @pytest.mark.cuda
 def test_on_cuda_the_compiled_decode_step_reads_each_kv_head_once():
     graphs, config, cache = _compiled_decode_graphs(register_attention(), device="cuda")
-    _, keys = _attention_reads(graphs)
+    _, keys = _attention_reads(graphs, config.head_dim)
     assert set(keys) == {torch.Size([1, KV_HEADS, cache.ledger.slots, config.head_dim])}
