@@ -59,14 +59,16 @@ def decode_attention(
     return attended.reshape(attended.shape[0], 1, heads, values.shape[-1])
 
 
-def additive_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A boolean mask (True: attend) as float32 terms added to the scores; other masks as they are.
+def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`mask` as decode_attention takes it fastest on its device: convert once for many layers.
 
-    A caller running many layers under one mask converts it once (placement/lean_forward.py).
+    A caller running every layer under one mask converts it once per step
+    (placement/lean_forward.py). On CPU a boolean mask becomes float32 terms added to the
+    scores (the least float32 where a slot is hidden); elsewhere SDPA takes it as it is.
     """
-    if mask.dtype != torch.bool:
+    if mask is None or mask.dtype != torch.bool or mask.device.type != "cpu":
         return mask
-    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
 
 
 def _products_attention(
@@ -76,7 +78,7 @@ def _products_attention(
 
     CPU SDPA splits its work by query rows and heads, G x KV of them here (9 for the
     default model on 2 cores), and converts a boolean mask per call; two products over the
-    same keys run at memory speed. Scores are rounded to the cache's dtype as transformers'
+    same keys run about twice as fast. Scores are rounded to the cache's dtype as transformers'
     eager attention rounds them; the scaling, the mask and the softmax run in float32.
     """
     scores = torch.matmul(packed, keys.transpose(-1, -2))  # [B, KV, G, S]
@@ -84,7 +86,7 @@ def _products_attention(
         weights = torch.softmax(scores.float() * scale, dim=-1)
     else:
         # One fused widening, scaling and masking: mask + scale * scores, in float32.
-        weights = torch.softmax(torch.add(additive_mask(mask), scores, alpha=scale), dim=-1)
+        weights = torch.softmax(torch.add(decode_mask(mask), scores, alpha=scale), dim=-1)
     return torch.matmul(weights.to(values.dtype), values)
 
 

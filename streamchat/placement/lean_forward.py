@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from streamchat.placement.attention import additive_mask, decode_attention
+from streamchat.placement.attention import decode_attention, decode_mask
 from streamchat.placement.fusion import FusedProjection, fusable
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
@@ -89,9 +89,9 @@ class LeanForward:
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [batch, 1, 1, head_dim]
         # Converted once per step, not once per layer.
         if isinstance(attention_mask, dict):
-            masks = {kind: additive_mask(mask) for kind, mask in attention_mask.items()}
+            masks = {kind: decode_mask(mask) for kind, mask in attention_mask.items()}
         else:
-            masks = additive_mask(attention_mask)
+            masks = decode_mask(attention_mask)
         for layer in self.layers:
             mask = masks[layer.layer_type] if isinstance(masks, dict) else masks
             query_key, value = self._projections(layer, hidden, batch)

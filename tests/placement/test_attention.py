@@ -17,8 +17,8 @@ from streamchat.generation.decoder import decode_step
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import (
     ATTENTION_NAME,
-    additive_mask,
     decode_attention,
+    decode_mask,
     register_attention,
     streamchat_attention_forward,
 )
@@ -77,7 +77,7 @@ def test_a_decode_query_gives_the_reference_result_for_each_row_of_a_batch(dtype
     alone = decode_attention(query[1:], keys[1:], values[1:], mask[1:], scale)
     torch.testing.assert_close(alone[0], ours[1])
     # A caller may convert the mask once for many layers: the same result.
-    assert torch.equal(decode_attention(query, keys, values, additive_mask(mask), scale), ours)
+    assert torch.equal(decode_attention(query, keys, values, decode_mask(mask), scale), ours)
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -90,10 +90,11 @@ def test_a_decode_query_on_cpu_agrees_with_transformers_sdpa(dtype, tolerance):
     assert 0 < (ours.double() - theirs.double()).abs().max().item() < tolerance
 
 
-def test_a_boolean_mask_becomes_the_least_float_where_a_slot_is_hidden():
+def test_on_cpu_a_boolean_mask_becomes_the_least_float_where_a_slot_is_hidden():
     mask = torch.tensor([True, False, True])
-    assert additive_mask(mask).tolist() == [0.0, torch.finfo(torch.float32).min, 0.0]
-    assert additive_mask(additive_mask(mask)).tolist() == additive_mask(mask).tolist()
+    assert decode_mask(mask).tolist() == [0.0, torch.finfo(torch.float32).min, 0.0]
+    assert decode_mask(decode_mask(mask)).tolist() == decode_mask(mask).tolist()
+    assert decode_mask(None) is None
 
 
 def test_a_decode_query_with_no_mask_attends_to_every_slot():
