@@ -63,11 +63,14 @@ def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     """`mask` as decode_attention takes it fastest on its device: convert once for many layers.
 
     A caller running every layer under one mask converts it once per step
-    (placement/lean_forward.py). On CPU a boolean mask becomes float32 terms added to the
-    scores (the least float32 where a slot is hidden); elsewhere SDPA takes it as it is.
+    (placement/lean_forward.py). On CPU a mask becomes float32 terms added to the scores (a
+    boolean one: the least float32 where a slot is hidden), so the masked scores and the
+    softmax stay float32 whatever the model's dtype; elsewhere SDPA takes it as it is.
     """
-    if mask is None or mask.dtype != torch.bool or mask.device.type != "cpu":
+    if mask is None or mask.device.type != "cpu":
         return mask
+    if mask.dtype != torch.bool:
+        return mask.float()
     return torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
 
 

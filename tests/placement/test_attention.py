@@ -95,6 +95,8 @@ def test_on_cpu_a_boolean_mask_becomes_the_least_float_where_a_slot_is_hidden():
     assert decode_mask(mask).tolist() == [0.0, torch.finfo(torch.float32).min, 0.0]
     assert decode_mask(decode_mask(mask)).tolist() == decode_mask(mask).tolist()
     assert decode_mask(None) is None
+    # A float mask in the model's dtype is widened: the masked scores and the softmax stay float32.
+    assert decode_mask(torch.tensor([0.0, -1e4], dtype=torch.bfloat16)).dtype == torch.float32
 
 
 def test_a_decode_query_with_no_mask_attends_to_every_slot():
