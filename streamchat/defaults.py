@@ -144,3 +144,9 @@ SERVE_MAX_MESSAGES = 10_000
 SERVE_MAX_MESSAGE_CHARS = 1_000_000
 # What a 429 tells the client to wait before trying again, in seconds.
 SERVE_RETRY_AFTER_SECONDS = 1
+# How long a client may take to send a request's headers, and then its body, in seconds: a connection
+# that sends nothing, or a little at a time, is closed rather than held open for ever.
+SERVE_HEADER_SECONDS = 10
+SERVE_BODY_SECONDS = 30
+# How long an idle connection stays open for the client's next request (uvicorn's keep-alive), in seconds.
+SERVE_KEEP_ALIVE_SECONDS = 5

@@ -35,7 +35,7 @@ from streamchat.interface.reporting import reported_errors
 
 SERVER_PANEL = "Server"
 # The options only `serve` has; the rest are run's, resolved by interface.config.
-SERVER_OPTIONS = ("host", "port", "api_key", "max_conversations", "max_waiting", "cors")
+SERVER_OPTIONS = ("host", "port", "api_key", "max_conversations", "max_waiting", "max_tokens_limit", "cors")
 
 
 def is_loopback(host: str) -> bool:
@@ -99,6 +99,15 @@ def serve(
             panel=SERVER_PANEL,
         ),
     ] = defaults.SERVE_MAX_WAITING,
+    max_tokens_limit: Annotated[
+        int | None,
+        option(
+            "The most tokens any reply may have: a request's larger max_tokens is clamped to it (and the reply "
+            "says so in X-Streamchat-Warning). \\[default: the window]",
+            panel=SERVER_PANEL,
+            metavar="N",
+        ),
+    ] = None,
     cors: Annotated[
         list[str] | None,
         option("Let browser pages from ORIGIN call the API (repeat for several). Off by default.", panel=SERVER_PANEL),
@@ -110,6 +119,8 @@ def serve(
         check_exposure(host, api_key)
         if max_conversations < 1 or max_waiting < 0 or not 0 < port < 65536:
             raise ConfigError("--max-conversations must be >= 1, --max-waiting >= 0, --port from 1 to 65535")
+        if max_tokens_limit is not None and max_tokens_limit < 1:
+            raise ConfigError(f"--max-tokens-limit must be a whole number >= 1, got {max_tokens_limit}")
         config = load_run_config({name: value for name, value in given.items() if name not in SERVER_OPTIONS})
     # Imported here: `streamchat --help` starts without torch, starlette or uvicorn.
     from streamchat.serve.http import HttpOptions
@@ -117,5 +128,5 @@ def serve(
 
     options = HttpOptions(api_key=api_key or None, cors=tuple(cors or ()))
     with reported_errors():
-        code = run_server(config, host, port, max_conversations, max_waiting, options)
+        code = run_server(config, host, port, max_conversations, max_waiting, options, max_tokens_limit)
     raise typer.Exit(code)

@@ -6,8 +6,11 @@
     GET  /health                no key needed
 
 Every reply says which conversation it continued and what its cache holds, in the
-X-Streamchat-Conversation and X-Streamchat-Cache headers. With an API key, every endpoint
-but /health wants `Authorization: Bearer KEY`. Errors are OpenAI's error body.
+X-Streamchat-Conversation and X-Streamchat-Cache headers, and X-Streamchat-Warning says
+what the client should know of it (a max_tokens clamped, a message read only in part).
+With an API key, every endpoint but /health wants `Authorization: Bearer KEY`. Errors are
+OpenAI's error body. A client that goes away stops its reply within a step, streamed or
+not; a body not sent within SERVE_BODY_SECONDS is a 408.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -40,6 +44,9 @@ from streamchat.serve.worker import END, Job, Worker
 from streamchat.storage.session_file import list_sessions
 
 CACHE_HEADER = "X-Streamchat-Cache"
+WARNING_HEADER = "X-Streamchat-Warning"
+
+log = logging.getLogger("streamchat.serve")
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class HttpOptions:
     cors: tuple[str, ...] = ()  # origins a browser page may call from; none: CORS off
     limits: Limits = field(default_factory=Limits)
     retry_after: int = defaults.SERVE_RETRY_AFTER_SECONDS
+    body_seconds: float = defaults.SERVE_BODY_SECONDS  # to send the whole body, once the headers are in
 
 
 def cache_header(stats: CacheStats) -> str:
@@ -89,34 +97,36 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
 
     async def chat_completions(request: Request) -> Response:
         check_key(request)
-        body = await _body(request, options.limits.body_bytes)
-        try:
-            parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ApiError(400, f"the request body is not valid JSON ({error})") from None
-        chat = api.chat_request(parsed, options.limits)
-        turn = Turn(pool, chat, request.headers.get(NAMING_HEADER))
+        body = await _body(request, options.limits.body_bytes, options.body_seconds)
+        chat = api.chat_request(api.parse_body(body), options.limits)
+        turn = Turn(pool, chat, _header_text(request.headers.get(NAMING_HEADER)))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         if not worker.submit(Job(turn, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))):
+            if worker.closing:
+                raise ApiError(503, "the server is stopping", kind="server_error", code="stopping")
             raise ApiError(
                 429, "too many requests are waiting; try again shortly", kind="rate_limit_error", code="busy"
             )
+        # Until a stream takes over (it watches for itself), a client that goes away stops the turn.
+        watcher = asyncio.create_task(_stop_when_gone(request, turn))
         try:
             first = await queue.get()
-        except asyncio.CancelledError:
-            turn.stop()
-            raise
-        if isinstance(first, ApiError):
-            raise first
-        if not isinstance(first, Started):
-            raise ApiError(500, "the reply ended before it started", kind="server_error")
-        reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if chat.stream:
-            headers = {NAMING_HEADER: first.conversation, CACHE_HEADER: cache_header(first.cache)}
-            events = _stream(queue, turn, reply_id, created, model, chat.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return await _whole(queue, first, reply_id, created, model)
+            if isinstance(first, ApiError):
+                raise first
+            if not isinstance(first, Started):
+                if worker.closing:
+                    raise ApiError(503, "the server stopped before the reply began", kind="server_error")
+                raise ApiError(500, "the reply ended before it started", kind="server_error")
+            reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+            headers = _reply_headers(first)
+            if chat.stream:
+                watcher.cancel()
+                events = _stream(queue, turn, reply_id, created, model, chat.include_usage)
+                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            return await _whole(queue, headers, reply_id, created, model)
+        finally:
+            watcher.cancel()
 
     async def api_error(request: Request, error: Exception) -> Response:
         if not isinstance(error, ApiError):
@@ -149,22 +159,59 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
     return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes before more is read."""
+async def _body(request: Request, limit: int, seconds: float) -> bytes:
+    """The request body: 413 past `limit` bytes before more is read, 408 when it takes past `seconds`."""
     too_large = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
     length = request.headers.get("content-length", "")
+    if length and "transfer-encoding" in request.headers:
+        # Two framings that disagree: which one ends the body is the ground of request smuggling.
+        raise ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding")
     if length.isdigit() and int(length) > limit:
         raise too_large
     pieces, size = [], 0
-    async for piece in request.stream():
-        size += len(piece)
-        if size > limit:
-            raise too_large
-        pieces.append(piece)
+
+    async def read() -> None:
+        nonlocal size
+        async for piece in request.stream():
+            size += len(piece)
+            if size > limit:
+                raise too_large
+            pieces.append(piece)
+
+    try:
+        await asyncio.wait_for(read(), seconds)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body was not sent within {seconds:g} s", code="request_timeout") from None
+    except ClientDisconnect:
+        log.warning("a request's body was cut short: its client went away, or broke its framing")
+        raise ApiError(400, "the request's body was cut short") from None
     return b"".join(pieces)
 
 
-async def _whole(queue: asyncio.Queue[object], started: Started, reply_id: str, created: int, model: str) -> Response:
+async def _stop_when_gone(request: Request, turn: Turn) -> None:
+    """Stop `turn` when the client goes away (once the body is read, receive() only says that); the client
+    was sent none of the reply."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    turn.stop(told="")
+
+
+def _header_text(value: str | None) -> str | None:
+    """A header's text as the client wrote it: HTTP carries bytes, which Starlette reads as Latin-1."""
+    return None if value is None else value.encode("latin-1").decode("utf-8", "replace")
+
+
+def _reply_headers(started: Started) -> dict[str, str]:
+    headers = {NAMING_HEADER: started.conversation, CACHE_HEADER: cache_header(started.cache)}
+    if started.warnings:
+        # Headers are Latin-1: the warnings are streamchat's own words, in ASCII.
+        headers[WARNING_HEADER] = "; ".join(started.warnings)
+    return headers
+
+
+async def _whole(
+    queue: asyncio.Queue[object], headers: dict[str, str], reply_id: str, created: int, model: str
+) -> Response:
     while True:
         item = await queue.get()
         if isinstance(item, ApiError):
@@ -174,20 +221,23 @@ async def _whole(queue: asyncio.Queue[object], started: Started, reply_id: str, 
         if isinstance(item, Finished):
             used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
             body = api.completion(reply_id, created, model, item.reply, api.finish_reason(item.stop_reason), used)
-            headers = {NAMING_HEADER: started.conversation, CACHE_HEADER: cache_header(item.cache)}
-            return JSONResponse(body, headers=headers)
+            return JSONResponse(body, headers={**headers, CACHE_HEADER: cache_header(item.cache)})
 
 
 async def _stream(
     queue: asyncio.Queue[object], turn: Turn, reply_id: str, created: int, model: str, include_usage: bool
 ) -> AsyncIterator[str]:
+    told: list[str] = []  # the reply's text sent: each piece once the client's connection took it
+    finished = False
     try:
         yield _event(api.chunk(reply_id, created, model, {"role": "assistant", "content": ""}))
         while True:
             item = await queue.get()
             if isinstance(item, Delta):
                 yield _event(api.chunk(reply_id, created, model, {"content": item.text}))
+                told.append(item.text)
             elif isinstance(item, Finished):
+                finished = True
                 yield _event(api.chunk(reply_id, created, model, {}, api.finish_reason(item.stop_reason)))
                 if include_usage:
                     used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
@@ -200,8 +250,10 @@ async def _stream(
             elif item is END:
                 return
     finally:
-        # A client gone mid-reply: the reply ends within a step, and what it said is journaled as stopped.
-        turn.stop()
+        # A client gone mid-reply: the reply ends within a step, what it said is journaled as stopped, and the
+        # conversation is filed under what the client was sent.
+        if not finished:
+            turn.stop(told="".join(told))
 
 
 def _event(payload: dict[str, Any]) -> str:

@@ -3,13 +3,21 @@
     request = chat_request(json.loads(body), limits)   # ApiError (400) names the field that is wrong
     completion(...), chunk(...), usage_chunk(...)       # the JSON OpenAI's clients parse
 
-Only what streamchat implements is accepted: any other field (tools, response_format,
-logprobs, ...) is refused by name rather than silently ignored.
+Only what streamchat implements is accepted. A field it does not implement is accepted at
+the value that changes nothing (`logprobs: false`, `response_format: {"type": "text"}`,
+`tools: []`, ...), since common clients send those by default; any other value, or an
+unknown field, is refused by name rather than silently ignored.
+
+The body is parsed by `parse_body`: invalid UTF-8, NaN and Infinity, integers of more
+than MAX_INTEGER_DIGITS digits and nesting too deep for the parser are 400s, and lone
+surrogates in text (valid JSON escapes that no encoder can write) become U+FFFD.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +27,7 @@ from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES
 
 Message = dict[str, str]
 
-# The fields a chat completion request may carry; `user` is an opaque label, accepted and unused.
+# The fields a chat completion request may carry and streamchat reads.
 ACCEPTED_FIELDS = frozenset(
     {
         "model",
@@ -30,13 +38,35 @@ ACCEPTED_FIELDS = frozenset(
         "max_completion_tokens",
         "temperature",
         "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
         "stop",
         "seed",
         "n",
-        "user",
     }
 )
+# Labels a client may attach, accepted and unused: `user` and `metadata` name who asks, `store`
+# asks OpenAI to keep the reply (streamchat journals every conversation anyway).
+IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
+# Fields streamchat does not implement, accepted at the values that change nothing.
+NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+}
+# Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
+NUMERIC_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 MAX_STOP_STRINGS = 4  # as OpenAI
+# No field takes a longer integer (a seed has at most 20 digits); Python's int() refuses past 4,300.
+MAX_INTEGER_DIGITS = 20
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApiError(Exception):
@@ -78,13 +108,45 @@ class ChatRequest:
     settings: dict[str, str] = field(default_factory=dict)  # generation settings as /set takes them
 
 
+class _TooLong:
+    """An integer of more digits than any field takes: no field accepts it, so its field's check names it."""
+
+
+def parse_body(body: bytes) -> object:
+    """The JSON in a request body; ApiError (400) for anything that is not plain JSON the server can hold."""
+    try:
+        return json.loads(body, parse_int=_bounded_int, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({error})") from None
+
+
+def _bounded_int(text: str) -> int | _TooLong:
+    return _TooLong() if len(text.lstrip("-")) > MAX_INTEGER_DIGITS else int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def chat_request(body: object, limits: Limits) -> ChatRequest:
     """The request in `body` (parsed JSON); ApiError (400) names the first field that is wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    for name in body:
-        if name not in ACCEPTED_FIELDS:
+    for name, value in body.items():
+        if name in ACCEPTED_FIELDS or name in IGNORED_FIELDS or value is None:
+            continue
+        if name not in NEUTRAL_VALUES:
             raise ApiError(400, f"{name!r} is not supported by streamchat", param=name, code="unsupported_parameter")
+        if not any(_same_json(value, neutral) for neutral in NEUTRAL_VALUES[name]):
+            allowed = " or ".join(json.dumps(neutral) for neutral in NEUTRAL_VALUES[name])
+            raise ApiError(
+                400,
+                f"{name!r} is not supported by streamchat: only {allowed} (what changes nothing) is accepted",
+                param=name,
+                code="unsupported_parameter",
+            )
     n = body.get("n")
     if n is not None and (_integer(n) is None or n != 1):
         raise ApiError(400, "streamchat writes one choice per request: 'n' must be 1", param="n")
@@ -148,7 +210,17 @@ def _content(value: object, where: str, limits: Limits) -> str:
         raise ApiError(400, f"{where} must be a string", param=where)
     if len(value) > limits.message_chars:
         raise ApiError(400, f"{where} is longer than {limits.message_chars:,} characters", param=where)
-    return value
+    return _encodable(value)
+
+
+def _encodable(text: str) -> str:
+    """`text` with each lone surrogate (a JSON escape like \\ud800 that is no character) made U+FFFD."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _same_json(value: object, neutral: object) -> bool:
+    """Equal as JSON values: 0 is not false."""
+    return type(value) is type(neutral) and value == neutral
 
 
 def _settings(body: dict[str, Any]) -> dict[str, str]:
@@ -160,13 +232,18 @@ def _settings(body: dict[str, Any]) -> dict[str, str]:
             if value is None or not SAMPLING_RULES["max_new_tokens"].accepts(value):
                 raise ApiError(400, f"{name!r} must be a whole number >= 1", param=name)
             settings["max_new_tokens"] = str(value)
-    for name in ("temperature", "top_p"):
+    for name in NUMERIC_SETTINGS:
         if body.get(name) is not None:
             value = body[name]
             rule = SAMPLING_RULES[name]
             if not _is_number(value) or not rule.accepts(value):
-                raise ApiError(400, f"{name!r} must be {rule.limits}", param=name)
+                raise ApiError(400, f"{name!r} must be a number {rule.limits}", param=name)
             settings[name] = repr(float(value))
+    if body.get("top_k") is not None:
+        top_k = _integer(body["top_k"])
+        if top_k is None or not SAMPLING_RULES["top_k"].accepts(top_k):
+            raise ApiError(400, f"'top_k' must be a whole number {SAMPLING_RULES['top_k'].limits}", param="top_k")
+        settings["top_k"] = str(top_k)
     if body.get("seed") is not None:
         seed = _integer(body["seed"])
         if seed is None or not 0 <= seed <= MAX_SEED:
@@ -185,7 +262,7 @@ def _stop(value: object) -> str:
         or not all(isinstance(text, str) and text for text in stops)
     ):
         raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", param="stop")
-    return shlex.join(stops) if stops else "none"
+    return shlex.join([_encodable(text) for text in stops]) if stops else "none"
 
 
 def _boolean(body: dict[str, Any], name: str, param: str | None = None) -> bool:
@@ -208,9 +285,15 @@ def _is_number(value: object) -> bool:
 # ---- what the server answers ---------------------------------------------------------------------
 
 
+# Why a reply ended (streamchat.generation.events.StopReason), as finish_reason says it. OpenAI has no
+# word for a reply the server cut short; "interrupted" is the journal's, and not "stop", which would
+# tell the client the reply is whole.
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "interrupted": "interrupted"}
+
+
 def finish_reason(stop_reason: str) -> str:
-    """OpenAI's finish_reason for a reply that ended for `stop_reason` (streamchat.generation.events)."""
-    return "length" if stop_reason == "max_new_tokens" else "stop"
+    """OpenAI's finish_reason for a reply that ended for `stop_reason`."""
+    return FINISH_REASONS[stop_reason]
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

@@ -61,6 +61,7 @@ class Served:
     sessions: Path  # the journals' directory (data_dir()/sessions)
     cache_layout: dict[str, object]  # keep and window, for each journal's header
     batch: DecodeBatch | None = None  # where every session's replies decode together; None: each alone
+    reply_tokens_limit: int | None = None  # the most tokens any reply may have, whatever a request asks
 
 
 @dataclass
@@ -101,7 +102,9 @@ class ConversationPool:
 
     def start(self) -> None:
         """Build the first session (the server's settings and system prompt come from it) and file every
-        journal already in the sessions directory, so that a request resending one continues it."""
+        journal already in the sessions directory, so that a request resending one continues it (one that ends
+        on a message never answered, a crash mid-reply, is filed with that message: a request that sends it
+        again continues the conversation, the message resent taking its place)."""
         session = self._new_session()
         self._made += 1
         self._free.append(session)
@@ -112,8 +115,9 @@ class ConversationPool:
                 saved = read_session(path)
             except (SessionFileError, OSError):
                 continue
-            if saved.version == JOURNAL_VERSION and saved.unanswered is None:
-                self.index.file(path.stem, saved.system_prompt, saved.messages)
+            if saved.version == JOURNAL_VERSION:
+                unanswered = [] if saved.unanswered is None else [{"role": "user", "content": saved.unanswered}]
+                self.index.file(path.stem, saved.system_prompt, [*saved.messages, *unanswered])
 
     def system_for(self, requested: str | None) -> str | None:
         return requested if requested is not None else self.default_system
@@ -172,6 +176,22 @@ class ConversationPool:
         elif conversation.session is not None:  # never recorded: nothing to keep
             self._free.append(conversation.session)
             conversation.session = None
+
+    def rewind(self, taken: Taken, history: list[Message]) -> Generator[Step, None, None]:
+        """Make the conversation `taken` what its client resent, `history`: the same, or less than it says when
+        the client left before it was sent a reply (or the end of one), which is then taken back by a replay."""
+        session = taken.conversation.session
+        if session is None or session.transcript == history:
+            return
+        state = session.snapshot(tensors=False)
+        recalled = {index: note for index, note in state.recalled.items() if index < len(history)}
+        told = ConversationState(list(history), state.system_prompt, state.settings, None, recalled)
+        for event in session.restore(told):
+            if isinstance(event, Replayed):
+                taken.restore_read += event.tokens
+            yield STEP
+        feeds = session.chat_format.conversation_ids(session.transcript)
+        taken.conversation.rendered_tokens = sum(len(ids) for ids in feeds)
 
     # ---- parking -------------------------------------------------------------------------------------
 

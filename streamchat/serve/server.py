@@ -21,19 +21,25 @@ from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir, session_for, state_key
+from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
 from streamchat.serve.pool import ConversationPool, Served
 from streamchat.serve.worker import Worker
 
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
-# How long uvicorn waits for streams to end once the replies were told to stop.
-GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 def run_server(
-    config: RunConfig, host: str, port: int, max_conversations: int, max_waiting: int, options: HttpOptions
+    config: RunConfig,
+    host: str,
+    port: int,
+    max_conversations: int,
+    max_waiting: int,
+    options: HttpOptions,
+    max_tokens_limit: int | None = None,
 ) -> int:
-    """Bind, load, serve until a signal; the exit code."""
+    """Bind, load, serve until a signal; the exit code. No reply is longer than `max_tokens_limit` tokens
+    (None: the window)."""
     from streamchat.loading import load_model
 
     listener = _bind(host, port)  # first: a port in use is said at once, not after the model loads
@@ -47,22 +53,14 @@ def run_server(
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},
             batch=DecodeBatch(loaded.model),
+            reply_tokens_limit=max_tokens_limit or config.window,
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()
         worker = Worker(pool, max_conversations + max_waiting)
         worker.start()
         try:
-            server = StoppingServer(
-                uvicorn.Config(
-                    create_app(worker, pool, options),
-                    log_level="warning",
-                    access_log=False,
-                    lifespan="off",
-                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-                ),
-                worker,
-            )
+            server = StoppingServer(server_config(create_app(worker, pool, options)), worker)
             shown = f"[{host}]" if ":" in host else host
             stderr.print(safe_text(f"serving {loaded.source.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
             server.run(sockets=[listener])

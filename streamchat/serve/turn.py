@@ -8,30 +8,57 @@ A request naming a conversation (`named`) sends only its new message. Otherwise 
 history is looked up (streamchat.serve.matching): a match continues that conversation and
 reads only the new message; no match starts a conversation from the history (a replay:
 the kept prefix and the last two windows), then answers. `stop()` (any thread) ends the
-reply within a step; what was said is kept in the journal as stopped.
+reply within a step; what was said is kept in the journal as stopped. A turn stopped before
+its reply began (its client left while it waited) records nothing.
+
+After each turn the conversation is filed under what its client was told: the whole
+reply, or, when the client left mid-reply, only the text it was sent (none for a whole
+reply it never received). A client that resends exactly what it has continues the
+conversation; a reply it never saw (or the part of one) is taken back first, by a replay.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
 from streamchat.errors import ConfigError
-from streamchat.generation.events import CacheOccupancy, Evicted, PromptSkipped, TextDelta, TurnFinished
+from streamchat.generation.events import (
+    CacheOccupancy,
+    Event,
+    Evicted,
+    PromptSkipped,
+    Recalled,
+    TextDelta,
+    TurnFinished,
+)
 from streamchat.serve.openai_api import ApiError, ChatRequest, Message
 from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
 
 # The settings a request may set; one it leaves out gets the server's.
-REQUEST_SETTINGS = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
+REQUEST_SETTINGS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+)
 
 
 @dataclass(frozen=True)
 class Started:
-    """The turn began: the conversation it continues, and what its cache holds."""
+    """The turn began: the conversation it continues, what its cache holds, and what the client should know."""
 
     conversation: str
     cache: CacheStats
+    warnings: tuple[str, ...] = ()  # a max_tokens clamped, a prompt read only in part
 
 
 @dataclass(frozen=True)
@@ -60,15 +87,23 @@ class Turn:
         self.request = request
         self.named = named
         self.stopped = False
+        self.told: str | None = None  # when the client left mid-reply: the reply's text it was sent
 
-    def stop(self) -> None:
-        """End the reply within a step (safe from any thread: the worker reads the flag)."""
+    def stop(self, told: str | None = None) -> None:
+        """End the reply within a step (safe from any thread: the worker reads the flag); `told`: the client
+        left, having been sent that much of the reply."""
+        self.told = told
         self.stopped = True
 
     def run(self) -> Iterator[Item | Step]:
-        conversation, history, system = self._conversation()
+        conversation, history, system, matched = self._conversation()
         taken = yield from self.pool.take(conversation, history, system)
+        if self.stopped:  # the client left (or the server stops) before the reply began: nothing to record
+            self.pool.release(conversation)
+            return
         try:
+            if matched:
+                yield from self.pool.rewind(taken, self.request.history)
             finished = yield from self._answer(taken)
         except BaseException:
             self.pool.drop(conversation)
@@ -78,18 +113,27 @@ class Turn:
         self.pool.release(conversation)
         yield finished
 
-    def _conversation(self) -> tuple[HeldConversation, list[Message] | None, str | None]:
+    def _conversation(self) -> tuple[HeldConversation, list[Message] | None, str | None, bool]:
+        """The conversation to answer in, the history and system prompt that start it (None: it exists), and
+        whether it was found by its history."""
         if self.named is not None:
-            return self.pool.named(self.named), None, None
+            return self.pool.named(self.named), None, None, False
         system = self.pool.system_for(self.request.system)
-        found = self.pool.index.find(system, self.request.history)
+        history = self.request.history
+        # Its history, or its history and this very message, never answered (the server stopped mid-reply).
+        found = self.pool.index.find(system, history) or self.pool.index.find(
+            system, [*history, {"role": "user", "content": self.request.text}]
+        )
         if found is not None:
             try:
-                return self.pool.named(found), None, None
+                conversation = self.pool.named(found)
             except ApiError as error:
                 if error.status not in (404, 409):
                     raise  # its journal is gone, or another streamchat holds it: this history starts a new conversation
-        return self.pool.new(), self.request.history, system
+            else:
+                if not conversation.busy:  # busy: another client sent the same history, and gets its own
+                    return conversation, None, None, True
+        return self.pool.new(), history, system, False
 
     def _answer(self, taken: Taken) -> Generator[Item | Step, None, Finished]:
         """Answer the request's message in the conversation taken; the Finished item, for run() to yield."""
@@ -98,8 +142,14 @@ class Turn:
         if session is None:
             raise ApiError(500, "the conversation has no session", kind="server_error")
         current = dict(session.options())
+        warnings = []
         for name in REQUEST_SETTINGS:
             value = self.request.settings.get(name, self.pool.base_settings.get(name))
+            limit = self.pool.served.reply_tokens_limit
+            if name == "max_new_tokens" and value is not None and limit is not None and int(value) > limit:
+                if name in self.request.settings:
+                    warnings.append(f"max_tokens {int(value):,} is past the server's limit: clamped to {limit:,}")
+                value = str(limit)
             if value is not None and current.get(name) != value:
                 try:
                     session.set_option(name, value)
@@ -113,10 +163,22 @@ class Turn:
             raise ApiError(500, journal.failure or "the conversation could not be journaled", kind="server_error")
         self.pool.conversations[conversation.id] = conversation  # named by its id from now on, busy or not
         before = session.cache_stats()
-        yield Started(conversation.id, before)
         prompt_length = None
         finished = None
-        for event in session.chat(self.request.text):
+        events = session.chat(self.request.text)
+        early: list[Event] = []  # before the first forward pass: a note recalled, a prompt that is read in part
+        for event in events:
+            early.append(event)
+            if not isinstance(event, Recalled | PromptSkipped):
+                break
+        for event in early:
+            if isinstance(event, PromptSkipped):
+                warnings.append(
+                    f"the message is {event.prompt_tokens:,} tokens, more than the cache holds: "
+                    f"{event.read_tokens:,} of them were read (its start and its end)"
+                )
+        yield Started(conversation.id, before, tuple(warnings))
+        for event in itertools.chain(early, events):
             if self.stopped:
                 session.stop()
             if isinstance(event, TextDelta):
@@ -136,7 +198,7 @@ class Turn:
         prompt_length = stats.prompt_tokens if prompt_length is None else prompt_length
         prompt_tokens = conversation.rendered_tokens + prompt_length
         conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
-        self.pool.index.file(conversation.id, session.system_prompt, session.transcript)
+        self.pool.index.file(conversation.id, session.system_prompt, self._told(session.transcript))
         read = taken.restore_read + stats.prompt_tokens
         return Finished(
             reply=finished.reply,
@@ -146,3 +208,10 @@ class Turn:
             cached_tokens=max(0, prompt_tokens - read),
             cache=after,
         )
+
+    def _told(self, transcript: list[Message]) -> list[Message]:
+        """The conversation as the client knows it: `transcript`, less what it was not sent of the last reply."""
+        if self.told is None or not transcript or transcript[-1]["role"] != "assistant":
+            return transcript
+        told = [{"role": "assistant", "content": self.told}] if self.told else []
+        return [*transcript[:-2], *(transcript[-2:-1] if told else []), *told]

@@ -7,8 +7,9 @@ little more than one, and a long reply never holds another conversation's first 
 by more than a step or a chunk. Each item a turn yields goes
 to its request through `deliver` (the request's asyncio queue, via call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
-(the request gets 429). Closing stops every reply, lets each turn journal what it said, then
-parks every live conversation (its state written beside its journal).
+(the request gets 429). A turn whose client left while it waited for a live session ends
+there. Closing stops every reply, lets each turn journal what it said, then parks every live
+conversation (its state written beside its journal).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class Worker:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def submit(self, job: Job) -> bool:
         """Admit `job`; False when `max_jobs` are already admitted (or the worker is closing)."""
@@ -112,6 +117,9 @@ class Worker:
                 log.exception("a request failed")
                 return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
             if isinstance(item, Step):
+                if item.waiting and job.turn.stopped:  # its client left before the turn began: it ends here
+                    items.close()
+                    return self._end(job, END)
                 return item.waiting
             _deliver(job, item)
 

@@ -9,6 +9,7 @@ through an httpx client that ignores any proxy in the environment.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ import uvicorn
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.settings import GenerationSettings
+from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
 from streamchat.serve.openai_api import Limits
 from streamchat.serve.pool import ConversationPool, Served
@@ -39,6 +41,7 @@ SCRIPT = ("Sure", ":", " the", " answer", " is", " 42", ".")
 REPLY = "Sure: the answer is 42."
 KEY = StateKey("tiny", "weights", "float32", "cpu", "none", "4", 64)
 SETTINGS = GenerationSettings(max_new_tokens=8, temperature=0.0, seed=7)
+HELLO_BODY = {"messages": [{"role": "user", "content": "Hello!"}]}
 
 
 @dataclass
@@ -96,6 +99,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         sessions: Path | None = None,
         cors: tuple[str, ...] = (),
         batched: bool = True,
+        reply_tokens_limit: int | None = None,
+        body_seconds: float | None = None,
     ) -> RunningServer:
         model, tokenizer = model_and_tokenizer
         sessions = sessions or tmp_path / f"sessions-{len(stops)}"
@@ -106,17 +111,21 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             sessions=sessions,
             cache_layout={"keep": 4, "window": window},
             batch=DecodeBatch(model) if batched else None,
+            reply_tokens_limit=reply_tokens_limit,
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()
         worker = Worker(pool, max_conversations + max_waiting)
         worker.start()
-        app = create_app(worker, pool, HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits()))
+        options = HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits())
+        if body_seconds is not None:
+            options = dataclasses.replace(options, body_seconds=body_seconds)
+        app = create_app(worker, pool, options)
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)
         port = listener.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        server = uvicorn.Server(server_config(app))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
@@ -153,10 +162,37 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         stop()
 
 
-def wait_idle(server: RunningServer, timeout: float = 10) -> None:
-    """Until no conversation is being answered (a stopped reply journals itself a step later)."""
-    deadline = time.monotonic() + timeout
-    while any(conversation.busy for conversation in list(server.pool.conversations.values())):
+def raw_exchange(server: RunningServer, data: bytes) -> bytes:
+    """Send `data` on a new connection, then read until the server closes it (the guard only ends a hang)."""
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=HANG_GUARD) as sock:
+        sock.sendall(data)
+        received = b""
+        while piece := sock.recv(65536):
+            received += piece
+        return received
+
+
+def raw_request(body: bytes, *headers: str) -> bytes:
+    """A chat completion request as bytes, with `headers` (Content-Length added unless one is given)."""
+    head = ["POST /v1/chat/completions HTTP/1.1", "Host: 127.0.0.1", "Connection: close", *headers]
+    if not any(header.lower().startswith(("content-length", "transfer-encoding")) for header in headers):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+# How long a raw connection waits for the server before the test fails as hung: far above any slow run.
+HANG_GUARD = 300
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Until `condition()` holds (the guard only ends a hang)."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError("a conversation stayed busy")
+            raise TimeoutError("the condition never held")
         time.sleep(0.01)
+
+
+def wait_idle(server: RunningServer) -> None:
+    """Until no conversation is being answered (a stopped reply journals itself a step later)."""
+    wait_until(lambda: not any(conversation.busy for conversation in list(server.pool.conversations.values())))

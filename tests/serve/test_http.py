@@ -10,7 +10,7 @@ import pytest
 from streamchat.conversation.state import RecalledNote
 from streamchat.serve.openai_api import Limits
 from streamchat.storage.session_file import read_session
-from tests.serve.conftest import REPLY, wait_idle
+from tests.serve.conftest import HELLO_BODY, REPLY, wait_idle
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES, scripted_model_and_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -68,7 +68,9 @@ def test_models_health_and_conversations(start_server, scripted) -> None:
 
 BAD_REQUESTS = [
     ({"messages": HELLO, "n": 2}, "n"),
-    ({"messages": HELLO, "tools": []}, "tools"),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": HELLO, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"messages": HELLO, "logprobs": 0}, "logprobs"),
     ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": HELLO, "logprobs": True}, "logprobs"),
     ({"messages": HELLO, "temperature": -1}, "temperature"),
@@ -204,3 +206,74 @@ def test_a_conversation_recalls_what_left_its_cache_and_journals_the_note(start_
     assert saved.recalled == {
         question: RecalledNote(messages=(0,), text=f"Earlier in this conversation:\nI said: {fact}")
     }
+
+
+def test_bodies_that_used_to_be_500s_are_400s_or_answered(start_server, scripted, capfd) -> None:
+    server = start_server(scripted)
+    nested = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    deep = server.http.post(f"{server.url}/v1/chat/completions", content=nested)
+    assert (deep.status_code, deep.json()["error"]["message"]) == (400, "the request body is nested too deeply")
+    digits = "9" * 5000
+    for field in ("seed", "max_tokens"):
+        body = f'{{"messages": [{{"role": "user", "content": "Hi"}}], "{field}": {digits}}}'.encode()
+        huge = server.http.post(f"{server.url}/v1/chat/completions", content=body)
+        assert (huge.status_code, huge.json()["error"]["param"]) == (400, field)
+    nan = server.http.post(
+        f"{server.url}/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "Hi"}], "top_p": NaN}'
+    )
+    assert nan.status_code == 400 and "NaN is not a JSON number" in nan.json()["error"]["message"]
+    # A lone surrogate is a valid JSON escape but no character: it becomes U+FFFD, and the reply goes on.
+    lone = b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    answered = server.http.post(f"{server.url}/v1/chat/completions", content=lone)
+    assert answered.status_code == 200
+    saved = read_session(server.sessions / f"{answered.headers['x-streamchat-conversation']}.jsonl")
+    assert saved.messages[0] == {"role": "user", "content": "a\ufffdb"}
+    assert len(list(server.sessions.glob("*.jsonl"))) == 1  # no journal left without its messages
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_fields_common_clients_send_at_neutral_values_are_accepted(start_server, scripted) -> None:
+    server = start_server(scripted)
+    neutral = {
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+        "logprobs": False,
+        "top_logprobs": None,
+        "response_format": {"type": "text"},
+        "store": False,
+        "metadata": {"app": "test"},
+        "user": "ada",
+        "tools": [],
+        "tool_choice": "none",
+        "logit_bias": {},
+        "top_k": 40,
+    }
+    reply = server.post({**HELLO_BODY, **neutral})
+    assert (reply.status_code, reply.json()["choices"][0]["message"]["content"]) == (200, REPLY)
+
+
+def test_a_non_ascii_conversation_id_is_named_as_sent(start_server, scripted) -> None:
+    server = start_server(scripted)
+    name = "café-☕"
+    response = server.post(HELLO_BODY, headers={"X-Streamchat-Conversation": name.encode().decode("latin-1")})
+    assert (response.status_code, response.json()["error"]["message"]) == (404, f"no conversation {name!r}")
+
+
+def test_a_max_tokens_past_the_server_limit_is_clamped_and_said(start_server, endless) -> None:
+    server = start_server(endless, reply_tokens_limit=5)
+    raw = server.client.chat.completions.with_raw_response.create(model="tiny", messages=HELLO, max_tokens=10**9)
+    reply = raw.parse()
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (5, "length")
+    assert raw.headers["x-streamchat-warning"] == "max_tokens 1,000,000,000 is past the server's limit: clamped to 5"
+    unasked = server.client.chat.completions.with_raw_response.create(model="tiny", messages=HELLO)
+    assert unasked.parse().usage.completion_tokens == 5  # the server's own default (8) is clamped too, silently
+    assert "x-streamchat-warning" not in unasked.headers
+
+
+def test_a_message_longer_than_the_cache_is_read_in_part_and_said(start_server, endless) -> None:
+    server = start_server(endless, window=32)
+    long = {"messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 2}
+    response = server.post(long)
+    assert response.status_code == 200
+    warning = response.headers["x-streamchat-warning"]
+    assert warning.startswith("the message is ") and "more than the cache holds" in warning

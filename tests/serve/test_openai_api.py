@@ -61,5 +61,5 @@ def test_finish_reasons() -> None:
         "stop",
         "stop",
         "length",
-        "stop",
+        "interrupted",
     ]

@@ -64,7 +64,7 @@ def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
             lines = [line for line in response.iter_lines() if line]
         _, errors = process.communicate(timeout=30)
     assert lines[-1] == "data: [DONE]"
-    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "stop"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "interrupted"
     assert process.returncode == exit_code
     assert "Traceback" not in errors
     assert f"serving {model} at {url}/v1 (Ctrl-C stops)" in errors.splitlines()[1]
@@ -92,15 +92,20 @@ def test_after_a_kill_mid_reply_every_conversation_goes_on_from_its_journal(tmp_
         # The first conversation, resent whole as a client does, is found again from its journal.
         history = [*HELLO, {"role": "assistant", "content": reply}, {"role": "user", "content": "Again?"}]
         again = client.post(f"{url}/v1/chat/completions", json={"messages": history, "max_tokens": 4})
-        # The one killed mid-reply goes on by its id: its message without a reply was left out.
+        # The one killed mid-reply, its message sent again, goes on in the same journal: no fork.
+        resent = client.post(f"{url}/v1/chat/completions", json={"messages": body["messages"], "max_tokens": 4})
+        # And by its id: its message without a reply was left out.
         named = {"x-streamchat-conversation": in_flight}
         after = client.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4}, headers=named)
     assert (again.status_code, again.headers["x-streamchat-conversation"]) == (200, first)
+    assert (resent.status_code, resent.headers["x-streamchat-conversation"]) == (200, in_flight)
     assert (after.status_code, after.headers["x-streamchat-conversation"]) == (200, in_flight)
+    assert len(list((data / "sessions").glob("*.jsonl"))) == 2
     sessions = data / "sessions"
     assert [m["content"] for m in read_session(sessions / f"{first}.jsonl").messages][:3] == [
         "Hello!",
         reply,
         "Again?",
     ]
-    assert [m["content"] for m in read_session(sessions / f"{in_flight}.jsonl").messages][:1] == ["Hello!"]
+    killed = [m["content"] for m in read_session(sessions / f"{in_flight}.jsonl").messages]
+    assert killed[::2] == ["On and on.", "Hello!"]

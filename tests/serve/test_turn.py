@@ -3,9 +3,13 @@ the new turn; a conversation named by its header goes on from its new message al
 
 from __future__ import annotations
 
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
 from streamchat.conversation.template import ChatFormat
 from streamchat.storage.session_file import read_session
-from tests.serve.conftest import REPLY
+from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle, wait_until
 
 
 def new_turn_tokens(tokenizer, text: str, first: bool, system: str | None = None) -> int:
@@ -76,3 +80,55 @@ def test_a_conversation_named_by_its_header_goes_on_from_its_new_message(start_s
     assert usage.prompt_tokens_details.cached_tokens == rendered  # the first turn, its reply and its end
     saved = read_session(server.sessions / f"{conversation}.jsonl")
     assert [message["content"] for message in saved.messages] == ["One.", REPLY, "Two.", REPLY]
+
+
+def test_a_client_gone_mid_stream_resends_what_it_was_sent_and_goes_on(start_server, endless) -> None:
+    server = start_server(endless)
+    asked = [{"role": "user", "content": "Go on and on."}]
+    body = {"messages": asked, "stream": True, "max_tokens": 5000}
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        conversation = response.headers["x-streamchat-conversation"]
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(8)]
+    wait_idle(server)
+    told = "".join(
+        json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "") for line in received if line
+    )
+    history = [*asked, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
+    again = server.post({"messages": history, "max_tokens": 3})
+    assert (again.status_code, again.headers["x-streamchat-conversation"]) == (200, conversation)
+    # The part of the reply the client never saw was taken back: the conversation is what the client has.
+    saved = read_session(server.sessions / f"{conversation}.jsonl")
+    assert saved.messages[:3] == history
+    assert len(list(server.sessions.glob("*.jsonl"))) == 1
+
+
+def test_a_whole_reply_whose_client_left_is_taken_back_when_the_request_is_sent_again(start_server, endless) -> None:
+    server = start_server(endless)
+    body = {"messages": [{"role": "user", "content": "Count upward forever: 1, 2, 3,"}], "max_tokens": 10**9}
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(raw_request(json.dumps(body).encode()))
+        wait_until(lambda: any(conversation.busy for conversation in list(server.pool.conversations.values())))
+    wait_idle(server)  # the reply stopped within a step of the client leaving
+    (path,) = server.sessions.glob("*.jsonl")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert (records[-1]["type"], records[-1]["stop_reason"]) == ("reply", "interrupted")
+    again = server.post({**body, "max_tokens": 3})
+    assert (again.status_code, again.headers["x-streamchat-conversation"]) == (200, path.stem)
+    saved = read_session(path)
+    assert saved.messages == [
+        *body["messages"],
+        {"role": "assistant", "content": again.json()["choices"][0]["message"]["content"]},
+    ]
+
+
+def test_clients_sending_the_same_history_at_once_each_get_a_reply(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=6)
+    first = server.post({**HELLO_BODY, "max_tokens": 3})
+    history = [*HELLO_BODY["messages"], first.json()["choices"][0]["message"], {"role": "user", "content": "More."}]
+    with ThreadPoolExecutor(6) as threads:
+        replies = list(threads.map(lambda _: server.post({"messages": history, "max_tokens": 3}), range(6)))
+    assert [reply.status_code for reply in replies] == [200] * 6
+    assert first.headers["x-streamchat-conversation"] in {
+        reply.headers["x-streamchat-conversation"] for reply in replies
+    }

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
+
+from tests.serve.conftest import raw_request, wait_idle
 
 
 def conversation(server, name: str, turns: int = 3) -> list[str]:
@@ -80,3 +83,20 @@ def test_a_long_reply_does_not_hold_another_conversation_back(start_server, endl
         )
         assert short.usage.completion_tokens == 3
         assert any(conversation.busy for conversation in server.pool.conversations.values())
+
+
+def test_abandoned_endless_requests_do_not_stall_the_server(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=2, max_waiting=10)
+    body = json.dumps({"messages": [{"role": "user", "content": "Count upward forever"}], "max_tokens": 10**9})
+    for _ in range(10):  # each client gives up at once: its turn ends where it stands
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(raw_request(body.encode()))
+    # Answered, though every live session was taken by a reply of a billion tokens that nobody waits for.
+    reply = server.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert reply.usage.completion_tokens == 4
+    wait_idle(server)
+    for path in server.sessions.glob("*.jsonl"):
+        last = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
+        assert last["type"] == "reply" and last.get("stop_reason") in ("interrupted", "max_new_tokens")
