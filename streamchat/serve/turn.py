@@ -143,9 +143,9 @@ class Turn:
             raise ApiError(500, "the conversation has no session", kind="server_error")
         current = dict(session.options())
         warnings = []
+        limit = self.pool.served.reply_tokens_limit
         for name in REQUEST_SETTINGS:
             value = self.request.settings.get(name, self.pool.base_settings.get(name))
-            limit = self.pool.served.reply_tokens_limit
             if name == "max_new_tokens" and value is not None and limit is not None and int(value) > limit:
                 if name in self.request.settings:
                     warnings.append(f"max_tokens {int(value):,} is past the server's limit: clamped to {limit:,}")
