@@ -96,6 +96,8 @@ class Turn:
         self.stopped = True
 
     def run(self) -> Iterator[Item | Step]:
+        if self.stopped:  # its client left (or the server stops) while it was queued
+            return
         conversation, history, system, matched = self._conversation()
         taken = yield from self.pool.take(conversation, history, system)
         if self.stopped:  # the client left (or the server stops) before the reply began: nothing to record
