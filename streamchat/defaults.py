@@ -47,6 +47,9 @@ TOP_P = 0.9
 TOP_K = 0  # 0 disables top-k
 MIN_P = 0.0
 REPETITION_PENALTY = 1.0
+# OpenAI's penalties over the tokens of the reply so far; 0 turns each off.
+FREQUENCY_PENALTY = 0.0
+PRESENCE_PENALTY = 0.0
 
 # Chat format for models without a chat template (vicuna, base models), as in the StreamingLLM demo.
 FALLBACK_USER_PREFIX = "USER: "

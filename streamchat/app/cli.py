@@ -144,6 +144,20 @@ def run(
     repetition_penalty: Annotated[
         float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION)
     ] = None,
+    frequency_penalty: Annotated[
+        float | None,
+        option(
+            "-2 to 2: subtracted from a token's logit once for each time the reply used it (OpenAI's; 0 = off).",
+            panel=GENERATION,
+        ),
+    ] = None,
+    presence_penalty: Annotated[
+        float | None,
+        option(
+            "-2 to 2: subtracted from the logit of each token the reply already used (OpenAI's; 0 = off).",
+            panel=GENERATION,
+        ),
+    ] = None,
     seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION)] = None,
     stop: Annotated[
         list[str] | None,

@@ -13,7 +13,11 @@ computes step t+1 while the host detokenizes token t (mlx-lm's generate loop doe
 same). That step is a guess: when token t turns out to end the reply (an end-of-turn
 token the template closes differently), take_back() rolls the cache back, which costs
 nothing (cache/ledger.py: decode steps only write free slots). The repetition penalty
-reads the cache's own record of its tokens, on the device.
+reads the cache's own record of its tokens, on the device; the frequency and presence
+penalties read how often each token was drawn in this reply, a count on the device that
+start() zeroes and each settled draw adds its token to (take_back() takes it out again).
+A reply's count never outlives it: /regen starts the reply again, and a conversation is
+snapshotted whole only between replies, so no state of it is saved or restored.
 
 Under tensor parallelism (streamchat.distributed) every rank runs this loop in lockstep:
 a `StepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
@@ -36,7 +40,15 @@ from streamchat.cache import SinkCache, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
-from streamchat.generation.sampling import Draw, Sampler, Settled, TokenDraw, make_draw, penalize_held
+from streamchat.generation.sampling import (
+    Draw,
+    Sampler,
+    Settled,
+    TokenDraw,
+    make_draw,
+    penalize_counts,
+    penalize_held,
+)
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.lean_forward import lean_forward_for
 
@@ -115,6 +127,10 @@ class Decoder:
         self._previous_row: torch.Tensor | None = None
         self._settings = GenerationSettings()
         self._draw: TokenDraw | None = None  # composed for the reply's settings by start()
+        # How often each token was drawn in this reply [vocab]; None when no penalty reads it.
+        self._counts: torch.Tensor | None = None
+        self._one: torch.Tensor | None = None  # [1], what a draw adds to its token's count
+        self._counted: torch.Tensor | None = None  # [1], the token last counted, for take_back()
         self._checkpoint: Checkpoint | None = None
 
     @property
@@ -129,6 +145,11 @@ class Decoder:
         """
         self._row, self._settings = self._last_row(logits), settings
         self._draw = make_draw(settings, sampler)
+        self._counts = self._one = self._counted = None
+        if settings.counts_reply_tokens:
+            # Zero for every token: the penalties count this reply's tokens only, not the prompt's.
+            self._counts = torch.zeros_like(self._row)
+            self._one = torch.ones(1, device=self._row.device)
 
     def next(self, stop_requested: bool = False) -> Decoded | None:
         """Draw the next token, feed it, and read it back; None when the reply stops here instead.
@@ -150,8 +171,9 @@ class Decoder:
         settled = self._draw.settle(row, drawn, self._reader.receive())
         if settled.redrawn:
             # The shortlist could not decide: take back the step that fed its guess, feed the redraw.
-            self.take_back()
+            self._restore()
             eviction = self._feed(settled.on_device)
+        self._count(settled.on_device)
         return Decoded(settled.token, eviction)
 
     # ---- the phases of a step, for a batch that feeds several decoders at once (generation/batch.py) ----
@@ -161,7 +183,9 @@ class Decoder:
         row = self._penalized(self._row)
         drawn = self._draw(row)
         self._reader.send(drawn)
-        return self._draw.settle(row, drawn, self._reader.receive())
+        settled = self._draw.settle(row, drawn, self._reader.receive())
+        self._count(settled.on_device)
+        return settled
 
     def feed(self, token: torch.Tensor) -> Eviction | None:
         """Feed token [1] alone (as next() does); what feeding it evicted."""
@@ -186,7 +210,13 @@ class Decoder:
         return Decoded(token, self._feed(torch.tensor([token], device=self.device)))
 
     def take_back(self) -> None:
-        """Undo the step that fed the last token (exactly: nothing it overwrote was held)."""
+        """Undo the step that fed the last token (exactly: nothing it overwrote was held), its count included."""
+        self._restore()
+        if self._counted is not None:
+            self._counts.index_add_(0, self._counted, self._one, alpha=-1)
+            self._counted = None
+
+    def _restore(self) -> None:
         self._checkpoint.restore(self.cache)
         self._row = self._previous_row
 
@@ -200,11 +230,20 @@ class Decoder:
         return row.to(torch.float32, copy=True)
 
     def _penalized(self, row: torch.Tensor) -> torch.Tensor:
-        penalty = self._settings.repetition_penalty
-        if penalty == 1.0:
-            return row
-        occupancy = self.cache.occupancy
-        return penalize_held(row, occupancy.token_ids, occupancy.held, penalty)
+        """The logits a token is drawn from: the repetition penalty, then the frequency and presence penalties."""
+        settings = self._settings
+        if settings.repetition_penalty != 1.0:
+            occupancy = self.cache.occupancy
+            row = penalize_held(row, occupancy.token_ids, occupancy.held, settings.repetition_penalty)
+        if self._counts is not None:
+            row = penalize_counts(row, self._counts, settings.frequency_penalty, settings.presence_penalty)
+        return row
+
+    def _count(self, token: torch.Tensor) -> None:
+        """Token [1], settled, is the reply's next: the frequency and presence penalties count it from now on."""
+        if self._counts is not None:
+            self._counts.index_add_(0, token, self._one)  # on the device: no host sync
+            self._counted = token
 
     def _feed(self, token: torch.Tensor) -> Eviction | None:
         """Feed token [1] through the cache; keep the logits after it, return what feeding it evicted."""

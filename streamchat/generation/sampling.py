@@ -1,8 +1,16 @@
 """Choosing the next token from the model's logits, on the logits' device.
 
 The steps follow transformers' generate(), in its order: repetition penalty on the
-raw logits, then temperature, top-k, top-p and min-p, then a draw from what is left.
-Temperature 0 is greedy decoding: the repetition penalty still applies, then argmax.
+raw logits, then OpenAI's frequency and presence penalties (which transformers lacks;
+after the repetition penalty, as vLLM applies them), then temperature, top-k, top-p and
+min-p, then a draw from what is left. Temperature 0 is greedy decoding: the penalties
+still apply, then argmax.
+
+The penalties count different tokens. The repetition penalty marks every token the
+cache holds (the prompt and earlier turns included), each once. The frequency and
+presence penalties count only the tokens drawn so far in the current reply, as OpenAI
+and vLLM define them: logits[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty,
+where c[j] is how many times token j was drawn before this position of the reply.
 
 make_draw composes the draw once from a reply's settings (mlx-lm's make_sampler), so
 a step runs only the cuts that are on. A draw avoids a full sort of the vocabulary
@@ -43,6 +51,14 @@ def penalize_held(logits: torch.Tensor, token_ids: torch.Tensor, held: torch.Ten
     counts = torch.zeros(logits.shape[-1], device=logits.device).scatter_add_(0, token_ids, held.float())
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
     return torch.where(counts > 0, penalized, logits)
+
+
+def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, frequency: float, presence: float) -> torch.Tensor:
+    """OpenAI's frequency and presence penalties for `counts` [vocab], how often each token was drawn in the reply.
+
+    logits - (counts * frequency + (counts > 0) * presence): fixed shapes, no host sync.
+    """
+    return logits - (counts * frequency + (counts > 0).to(counts.dtype) * presence)
 
 
 @dataclass(frozen=True)
@@ -103,7 +119,7 @@ class TokenDraw:
         self._redraw = redraw  # the same logits at an earlier draw's number, over the whole vocabulary
 
     def __call__(self, logits: torch.Tensor) -> Draw:
-        """The next token from one position's logits [vocab] (repetition penalty already applied)."""
+        """The next token from one position's logits [vocab] (the penalties already applied)."""
         return self._draw(logits)
 
     def settle(self, logits: torch.Tensor, drawn: Draw, read: tuple[int, bool]) -> Settled:

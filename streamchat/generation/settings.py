@@ -69,6 +69,9 @@ SAMPLING_RULES = {
     "top_k": Rule(int, 0, note="0 = off"),
     "min_p": Rule(float, 0, 1, note="0 = off"),
     "repetition_penalty": Rule(float, 0, above_minimum=True, note="1 = off"),
+    # OpenAI's range; below 0 they favour repeating the reply's tokens.
+    "frequency_penalty": Rule(float, -2, 2, note="0 = off"),
+    "presence_penalty": Rule(float, -2, 2, note="0 = off"),
     "seed": Rule(int, 0, MAX_SEED),
 }
 
@@ -85,6 +88,8 @@ class GenerationSettings:
     top_k: int = defaults.TOP_K
     min_p: float = defaults.MIN_P
     repetition_penalty: float = defaults.REPETITION_PENALTY
+    frequency_penalty: float = defaults.FREQUENCY_PENALTY
+    presence_penalty: float = defaults.PRESENCE_PENALTY
     seed: int | None = None  # None: a fresh random seed
     stop: tuple[str, ...] = ()  # strings that end a reply where they appear
 
@@ -102,6 +107,11 @@ class GenerationSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def counts_reply_tokens(self) -> bool:
+        """Whether a penalty counts the tokens drawn so far in the reply (the frequency or presence penalty is on)."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0
 
     @classmethod
     def from_generation_config(cls, config: GenerationConfig | None) -> GenerationSettings:

@@ -94,6 +94,8 @@ class RunConfig:
     top_k: int | None = _sampling("top_k")
     min_p: float | None = _sampling("min_p")
     repetition_penalty: float | None = _sampling("repetition_penalty")
+    frequency_penalty: float | None = _sampling("frequency_penalty")
+    presence_penalty: float | None = _sampling("presence_penalty")
     seed: int | None = _sampling("seed")
     stop: tuple[str, ...] | None = _option(None, stop_strings)
     system: str | None = _option(None, text)

@@ -45,6 +45,8 @@ SETTING_VALUES = {
     "top_k": "0",
     "min_p": "0.0",
     "repetition_penalty": "1.0",
+    "frequency_penalty": "0.0",
+    "presence_penalty": "0.0",
     "seed": "7",
     "stop": "none",
     "eviction": "token",
@@ -190,14 +192,18 @@ def test_the_session_file_is_written_as_the_conversation_goes(scripted, tmp_path
 
 def test_set_changes_one_setting_and_set_alone_lists_them_all(scripted, tmp_path):
     session = scripted_session(scripted, GenerationSettings(max_new_tokens=20, temperature=0.7, seed=7))
-    result = chat(session, ["/set temperature 0", "/set", "/set temperature -1", "/set seed"], tmp_path)
-    listing = [f"{key:<18}  {value}" for key, value in SETTING_VALUES.items()]
+    lines = ["/set temperature 0", "/set frequency_penalty 0.5", "/set", "/set temperature -1"]
+    result = chat(session, [*lines, "/set presence_penalty 3", "/set seed"], tmp_path)
+    values = {**SETTING_VALUES, "frequency_penalty": "0.5"}
+    listing = [f"{key:<18}  {value}" for key, value in values.items()]
     assert result.screen == "\n".join(
         [
             "temperature = 0.0",
+            "frequency_penalty = 0.5",
             "settings",
             *listing,
             "error: temperature must be a number of at least 0 (0 = greedy), got -1.0.",
+            "error: presence_penalty must be a number from -2 to 2 (0 = off), got 3.0.",
             "error: /set seed needs a value; usage: /set [KEY VALUE]",
             goodbye(0, 0),  # no message, so no session file
             "",

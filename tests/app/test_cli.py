@@ -408,6 +408,21 @@ def test_run_reads_the_earlier_name_sinks_with_the_rule_and_the_name_of_keep():
     )
 
 
+def test_run_gives_the_session_openais_penalties_negative_ones_included(tiny_chat_model: Path):
+    args = ("run", "--model", str(tiny_chat_model), "--max-new-tokens", "2", "--compile", "off")
+    result = invoke(*args, "--frequency-penalty", "-0.5", "--presence-penalty", "1.5", stdin="Hi\n")
+    assert result.exit_code == 0, result.output
+    [journal] = (Path(os.environ["STREAMCHAT_DATA_DIR"]) / "sessions").glob("*.jsonl")
+    settings = json.loads(journal.read_text().splitlines()[1])["values"]
+    assert (settings["frequency_penalty"], settings["presence_penalty"]) == ("-0.5", "1.5")
+
+
+def test_run_refuses_a_penalty_out_of_openais_range_by_its_flag():
+    result = invoke("run", "--frequency-penalty", "-0.5", "--presence-penalty", "2.5")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: --presence-penalty 2.5: must be between -2 and 2"
+
+
 def test_run_help_names_keep_first_and_still_lists_sinks():
     result = invoke("run", "--help")
     assert result.exit_code == 0

@@ -263,6 +263,20 @@ def test_regenerate_replaces_the_last_reply_from_the_same_prompt():
     assert [m["role"] for m in session.transcript] == ["user", "assistant"]
 
 
+def test_regenerate_with_frequency_and_presence_penalties_counts_the_new_reply_from_zero():
+    session = make_session(settings=GenerationSettings(max_new_tokens=24, temperature=0.0))
+    plain = run(session.chat("Hello!"))[-1].reply
+    session.set_option("frequency_penalty", "0.5")
+    session.set_option("presence_penalty", "1.5")
+    assert (session.settings.frequency_penalty, session.settings.presence_penalty) == (0.5, 1.5)
+    penalized = run(session.regenerate())[-1].reply
+    assert penalized != plain  # the penalties change the reply
+    # Greedy: the same reply again, so nothing of the last one was counted against it.
+    assert run(session.regenerate())[-1].reply == penalized
+    state = session.snapshot()
+    assert (state.settings["frequency_penalty"], state.settings["presence_penalty"]) == ("0.5", "1.5")
+
+
 def test_regenerate_without_a_reply_is_refused():
     with pytest.raises(ConfigError, match="no reply to regenerate"):
         list(make_session().regenerate())

@@ -21,6 +21,9 @@ from tests.support.models import VOCAB, tiny_model
 WINDOW = 48
 GREEDY = GenerationSettings(temperature=0.0)
 SAMPLED = GenerationSettings(temperature=0.8, top_p=0.9, repetition_penalty=1.3)
+# Each row counts its own reply's tokens.
+PENALIZED = GenerationSettings(temperature=0.8, top_p=0.9, frequency_penalty=0.6, presence_penalty=0.4)
+GREEDY_PENALIZED = GenerationSettings(temperature=0.0, frequency_penalty=0.3, presence_penalty=1.0)
 
 
 class Conversation:
@@ -79,7 +82,11 @@ def conversations(model, settings) -> list[Conversation]:
 
 
 @pytest.mark.parametrize("model_type", ["llama", "llama-fused", "gemma2"])
-@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "settings",
+    [GREEDY, SAMPLED, PENALIZED, GREEDY_PENALIZED],
+    ids=["greedy", "sampled", "penalized", "greedy-penalized"],
+)
 def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, settings):
     # float32; gemma2 has sliding layers beside the sink layers; fused llama runs the lean forward
     model = tiny_model(model_type.removesuffix("-fused"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch._dynamo
@@ -13,6 +15,7 @@ from streamchat.generation.decoder import Decoder, compile_backend
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import VOCAB, tiny_model
+from tests.support.reference_sampling import apply_openai_penalties
 
 SINKS, WINDOW, PROMPT, STEPS = 4, 60, 20, 300
 SAMPLED = GenerationSettings(temperature=0.8, top_p=0.9, repetition_penalty=1.3, max_new_tokens=STEPS)
@@ -42,9 +45,16 @@ def test_a_compiled_decode_step_is_one_graph_that_never_recompiles_and_matches_e
     assert len(set(eager)) > 2  # a real stream, not one token repeated
 
 
-def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened():
+@pytest.mark.parametrize(
+    "greedy",
+    [
+        GenerationSettings(temperature=0.0),
+        GenerationSettings(temperature=0.0, frequency_penalty=0.3, presence_penalty=1.0),
+    ],
+    ids=["plain", "penalized"],  # a token taken back no longer counts as drawn
+)
+def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened(greedy):
     model = tiny_model("gemma2")  # sliding layers take the step back too
-    greedy = GenerationSettings(temperature=0.0)
     straight = stream(model, None, greedy)
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
@@ -132,3 +142,62 @@ def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_
     taken_back, _ = decoded({step + delta for step in rebases for delta in (-1, 0, 1)})
     assert straight.keys() == taken_back.keys()
     assert [name for name in straight if not torch.equal(straight[name], taken_back[name])] == []
+
+
+def reference_greedy(model, frequency: float, presence: float, steps: int = 40) -> tuple[list[int], float]:
+    """A greedy reply by the reference: one token at a time through forward(), OpenAI's penalties over the
+    reply's own ids, argmax; and the widest spread (highest less lowest logit) of any step's logits."""
+    cache = SinkCache.for_model(model, SINKS, WINDOW)
+    prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    logits = forward(model, cache, prompt).logits[0, -1].float()
+    reply, spread = [], 0.0
+    for _ in range(steps):
+        spread = max(spread, float(logits.max() - logits.min()))
+        reply.append(int(apply_openai_penalties(logits, reply, frequency, presence).argmax()))
+        logits = forward(model, cache, torch.tensor([reply[-1:]])).logits[0, -1].float()
+    return reply, spread
+
+
+def greedy_reply(model, frequency: float, presence: float, steps: int = 40) -> list[int]:
+    """The decoder's greedy reply after the same prompt, within the window (no eviction)."""
+    settings = GenerationSettings(temperature=0.0, frequency_penalty=frequency, presence_penalty=presence)
+    cache = SinkCache.for_model(model, SINKS, WINDOW)
+    prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    decoder = Decoder(model, cache, vocab_size=VOCAB)
+    decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
+    return [decoder.next().token for _ in range(steps)]
+
+
+@pytest.mark.parametrize(("frequency", "presence"), [(0.5, 1.0), (2.0, 0.0), (0.0, -2.0), (-0.3, 0.2)])
+def test_greedy_decoding_with_the_penalties_is_the_argmax_of_the_reference_step_by_step(frequency, presence):
+    model = tiny_model("llama")
+    expected, _ = reference_greedy(model, frequency, presence)
+    assert greedy_reply(model, frequency, presence) == expected
+    assert expected != reference_greedy(model, 0.0, 0.0)[0]  # the penalties changed the reply
+
+
+def flat_model():
+    """The tiny llama with its logits scaled down, so that no step's logits spread over 2 (checked below)."""
+    model = copy.deepcopy(tiny_model("llama"))  # tiny_model's models are shared
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.15)
+    return model
+
+
+def test_a_presence_penalty_of_2_past_the_logits_spread_never_repeats_a_token_of_the_reply():
+    model = flat_model()
+    plain, _ = reference_greedy(model, 0.0, 0.0)
+    assert len(set(plain)) < len(plain)  # greedy alone repeats itself
+    penalized = greedy_reply(model, 0.0, 2.0)
+    _, spread = reference_greedy(model, 0.0, 2.0)
+    assert spread < 2.0  # so any token not drawn yet beats every token drawn
+    assert len(set(penalized)) == len(penalized)
+    assert penalized[0] == plain[0]  # nothing is counted before the reply's first token
+
+
+def test_a_presence_penalty_of_minus_2_past_the_logits_spread_repeats_the_first_token():
+    model = flat_model()
+    reply = greedy_reply(model, 0.0, -2.0)
+    _, spread = reference_greedy(model, 0.0, -2.0)
+    assert spread < 2.0  # so the first token, raised by 2, stays above every other
+    assert reply == [reply[0]] * len(reply)

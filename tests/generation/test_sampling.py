@@ -13,9 +13,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from streamchat.generation.sampling import SHORTLIST, Sampler, make_draw, penalize_held
+from streamchat.generation.sampling import SHORTLIST, Sampler, make_draw, penalize_counts, penalize_held
 from streamchat.generation.settings import MAX_SEED, GenerationSettings
 from tests.support.reference_sampling import (
+    apply_openai_penalties,
     apply_repetition_penalty,
     mask_min_p,
     mask_top_k,
@@ -158,6 +159,77 @@ def test_greedy_is_argmax_after_the_repetition_penalty() -> None:
     penalised = GenerationSettings(temperature=0.0, repetition_penalty=2.0)
     assert next_token(sampler, logits, penalised, previous_ids=torch.tensor([0])) == 1  # 3 / 2 < 2
     assert sampler.random_state() is None  # greedy draws no random number
+
+
+def counts_of(reply_ids: list[int], vocab: int) -> torch.Tensor:
+    """How often each token was drawn [vocab], as the decoder counts a reply's tokens."""
+    return torch.bincount(torch.tensor(reply_ids, dtype=torch.long), minlength=vocab).float()
+
+
+@pytest.mark.parametrize(
+    ("frequency", "presence", "expected"),
+    [
+        # counts 0, 1, 3, 0, 2: logit - (count * frequency + (count > 0) * presence)
+        (0.5, 1.25, [2.0, -1.0 - 0.5 - 1.25, 0.5 - 1.5 - 1.25, 3.0, 0.25 - 1.0 - 1.25]),
+        (-0.5, -0.25, [2.0, -1.0 + 0.5 + 0.25, 0.5 + 1.5 + 0.25, 3.0, 0.25 + 1.0 + 0.25]),
+        (0.0, 2.0, [2.0, -3.0, -1.5, 3.0, -1.75]),  # presence alone: once, however often
+        (2.0, 0.0, [2.0, -3.0, -5.5, 3.0, -3.75]),  # frequency alone: once per draw
+    ],
+)
+def test_frequency_and_presence_penalties_subtract_exactly_openais_formula(frequency, presence, expected) -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.25])
+    counts = torch.tensor([0.0, 1.0, 3.0, 0.0, 2.0])
+    assert penalize_counts(logits, counts, frequency, presence).tolist() == expected
+    reply_ids = [2, 1, 4, 2, 4, 2]  # the same counts, token by token
+    assert apply_openai_penalties(logits, reply_ids, frequency, presence).tolist() == expected
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0, 0.25]  # the input is left alone
+
+
+def test_the_decoder_penalties_over_counts_match_the_reference_token_by_token() -> None:
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1)) * 3
+    reply_ids = [3, 7, 7, 20, 49, 7, 3]
+    expected = apply_openai_penalties(logits, reply_ids, 0.7, -0.3)
+    assert torch.allclose(penalize_counts(logits, counts_of(reply_ids, 50), 0.7, -0.3), expected, rtol=0, atol=1e-5)
+    assert torch.equal(penalize_counts(logits, counts_of([], 50), 0.7, -0.3), logits)  # nothing drawn yet
+
+
+def test_the_penalties_change_the_distribution_as_openai_defines_it() -> None:
+    # Token 0 drawn twice and token 1 once: their probabilities shrink by exp(-2f - p) and exp(-f - p).
+    frequency, presence = 0.5, 0.25
+    penalized = penalize_counts(LOGITS, counts_of([0, 1, 0], 4), frequency, presence)
+    weights = torch.tensor(PROBS, dtype=torch.float64) * torch.tensor([math.exp(-1.25), math.exp(-0.75), 1.0, 1.0])
+    expected = (weights / weights.sum()).tolist()
+    assert next_token_probs(penalized, settings()).tolist() == pytest.approx(expected, abs=1e-6)
+    assert next_token_probs(penalized, settings(temperature=0.5)).tolist() == pytest.approx(
+        (weights**2 / (weights**2).sum()).tolist(), abs=1e-6
+    )  # the temperature scales the penalized logits
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"top_k": 50}, {"top_k": 2000}, {"top_p": 0.9}, {"min_p": 0.05}, {"temperature": 0.8, "top_k": 20, "top_p": 0.8}],
+)
+def test_a_draw_after_the_penalties_is_the_reference_token_of_the_penalized_logits(changes) -> None:
+    chosen = settings(**changes, frequency_penalty=0.8, presence_penalty=0.6)
+    tokens, uniforms = make_draw(chosen, Sampler(seed=3)), Sampler(seed=3)
+    scales = torch.tensor([3.0, 0.2] * 4)[:, None]
+    logits = torch.randn(8, 1000, generator=torch.Generator().manual_seed(5)) * scales
+    reply_ids: list[int] = []
+    for row in logits:
+        penalized = penalize_counts(row, counts_of(reply_ids, 1000), chosen.frequency_penalty, chosen.presence_penalty)
+        reference = apply_openai_penalties(row, reply_ids, chosen.frequency_penalty, chosen.presence_penalty)
+        token = tokens.next_token(penalized)
+        assert token == reference_token(reference, chosen, uniforms.uniform(row.device))
+        reply_ids.append(token)
+
+
+def test_greedy_is_argmax_after_the_presence_and_frequency_penalties() -> None:
+    logits = torch.tensor([3.0, 2.0, -1.0])
+    greedy = make_draw(settings(temperature=0.0), Sampler(seed=0))
+    assert greedy.next_token(penalize_counts(logits, counts_of([0], 3), 0.0, 0.9)) == 0  # 2.1 > 2
+    assert greedy.next_token(penalize_counts(logits, counts_of([0], 3), 0.0, 1.1)) == 1  # 1.9 < 2
+    assert greedy.next_token(penalize_counts(logits, counts_of([0, 0], 3), 0.75, 0.0)) == 1  # 3 - 1.5 < 2
+    assert greedy.next_token(penalize_counts(logits, counts_of([0, 1], 3), 0.0, -2.0)) == 0  # both raised by 2
 
 
 def test_top_k_two_never_draws_the_third_token() -> None:

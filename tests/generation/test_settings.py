@@ -19,11 +19,23 @@ def test_defaults_come_from_streamchat_defaults() -> None:
         top_k=defaults.TOP_K,
         min_p=defaults.MIN_P,
         repetition_penalty=defaults.REPETITION_PENALTY,
+        frequency_penalty=defaults.FREQUENCY_PENALTY,
+        presence_penalty=defaults.PRESENCE_PENALTY,
         seed=None,
         stop=(),
     )
     assert not settings.greedy
     assert GenerationSettings(temperature=0).greedy
+    assert (settings.frequency_penalty, settings.presence_penalty) == (0.0, 0.0)  # off
+
+
+@pytest.mark.parametrize(
+    ("frequency", "presence", "counts"),
+    [(0, 0, False), (0.5, 0, True), (0, -0.5, True), (-2, 2, True)],
+)
+def test_the_reply_tokens_are_counted_only_when_a_penalty_reads_them(frequency, presence, counts) -> None:
+    settings = GenerationSettings(frequency_penalty=frequency, presence_penalty=presence)
+    assert settings.counts_reply_tokens is counts
 
 
 def test_settings_are_frozen() -> None:
@@ -49,6 +61,10 @@ def test_whole_numbers_are_accepted_for_number_settings() -> None:
         ("top_k", -1, "top_k must be a whole number of at least 0 (0 = off), got -1."),
         ("min_p", 1.01, "min_p must be a number from 0 to 1 (0 = off), got 1.01."),
         ("repetition_penalty", 0, "repetition_penalty must be a number above 0 (1 = off), got 0."),
+        ("frequency_penalty", 3, "frequency_penalty must be a number from -2 to 2 (0 = off), got 3."),
+        ("frequency_penalty", -2.5, "frequency_penalty must be a number from -2 to 2 (0 = off), got -2.5."),
+        ("presence_penalty", float("nan"), "presence_penalty must be a number from -2 to 2 (0 = off), got nan."),
+        ("presence_penalty", "0.5", "presence_penalty must be a number from -2 to 2 (0 = off), got '0.5'."),
         ("seed", -1, f"seed must be a whole number from 0 to {MAX_SEED}, or 'random', got -1."),
         (
             "seed",
@@ -69,6 +85,8 @@ def test_bad_values_name_the_setting_the_value_and_the_range(field: str, value: 
 def test_range_edges_are_accepted() -> None:
     GenerationSettings(max_new_tokens=1, temperature=0, top_p=1, top_k=0, min_p=1, seed=0)
     GenerationSettings(min_p=0, seed=MAX_SEED, repetition_penalty=0.5)
+    GenerationSettings(frequency_penalty=-2, presence_penalty=2)
+    GenerationSettings(frequency_penalty=2, presence_penalty=-2)
 
 
 def test_without_generation_config_streamchat_defaults_apply() -> None:
@@ -112,6 +130,10 @@ def test_bad_generation_config_value_says_where_it_comes_from() -> None:
         ("top_k", "40", 40),
         ("min_p", "0.05", 0.05),
         ("repetition_penalty", "1.1", 1.1),
+        ("frequency_penalty", "0.5", 0.5),
+        ("frequency_penalty", "-2", -2.0),
+        ("presence_penalty", "1.25", 1.25),
+        ("presence_penalty", "0", 0.0),
         ("seed", "1234", 1234),
         ("seed", "random", None),
         ("seed", "Random", None),
@@ -134,7 +156,7 @@ def test_with_value_rejects_unknown_keys_listing_the_known_ones() -> None:
         GenerationSettings().with_value("temprature", "0.5")
     assert str(caught.value) == (
         "unknown setting 'temprature'; settings: max_new_tokens, temperature, top_p, top_k, min_p, "
-        "repetition_penalty, seed, stop."
+        "repetition_penalty, frequency_penalty, presence_penalty, seed, stop."
     )
 
 
@@ -144,6 +166,10 @@ def test_with_value_rejects_unknown_keys_listing_the_known_ones() -> None:
         ("temperature", "warm", "temperature must be a number of at least 0 (0 = greedy), got 'warm'."),
         ("temperature", "-1", "temperature must be a number of at least 0 (0 = greedy), got -1.0."),
         ("top_k", "2.5", "top_k must be a whole number of at least 0 (0 = off), got '2.5'."),
+        ("frequency_penalty", "x", "frequency_penalty must be a number from -2 to 2 (0 = off), got 'x'."),
+        ("frequency_penalty", "3", "frequency_penalty must be a number from -2 to 2 (0 = off), got 3.0."),
+        ("presence_penalty", "nan", "presence_penalty must be a number from -2 to 2 (0 = off), got nan."),
+        ("presence_penalty", "-2.01", "presence_penalty must be a number from -2 to 2 (0 = off), got -2.01."),
         ("max_new_tokens", "", "max_new_tokens must be a whole number of at least 1, got ''."),
         ("seed", "lucky", f"seed must be a whole number from 0 to {MAX_SEED}, or 'random', got 'lucky'."),
         (
@@ -160,7 +186,7 @@ def test_with_value_rejects_bad_text_naming_key_and_value(key: str, text: str, m
 
 
 def test_pairs_list_every_setting_in_set_command_form() -> None:
-    settings = GenerationSettings(temperature=0.5, seed=None, stop=("User:", "two words"))
+    settings = GenerationSettings(temperature=0.5, seed=None, stop=("User:", "two words"), presence_penalty=-1.5)
     assert settings.as_pairs() == [
         ("max_new_tokens", str(defaults.MAX_NEW_TOKENS)),
         ("temperature", "0.5"),
@@ -168,6 +194,8 @@ def test_pairs_list_every_setting_in_set_command_form() -> None:
         ("top_k", str(defaults.TOP_K)),
         ("min_p", str(defaults.MIN_P)),
         ("repetition_penalty", str(defaults.REPETITION_PENALTY)),
+        ("frequency_penalty", "0.0"),
+        ("presence_penalty", "-1.5"),
         ("seed", "random"),
         ("stop", "User: 'two words'"),
     ]
@@ -175,7 +203,11 @@ def test_pairs_list_every_setting_in_set_command_form() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [GenerationSettings(), GenerationSettings(seed=42, stop=("a b", "\n", "it's"), temperature=0, top_k=3)],
+    [
+        GenerationSettings(),
+        GenerationSettings(seed=42, stop=("a b", "\n", "it's"), temperature=0, top_k=3),
+        GenerationSettings(frequency_penalty=-0.3, presence_penalty=1.7),
+    ],
 )
 def test_pairs_round_trip_through_with_value(settings: GenerationSettings) -> None:
     for key, text in settings.as_pairs():

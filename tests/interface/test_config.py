@@ -45,6 +45,7 @@ def test_defaults_come_from_defaults_py_and_sampling_stays_unset() -> None:
     )
     assert (config.temperature, config.top_p, config.top_k, config.min_p) == (None, None, None, None)
     assert (config.repetition_penalty, config.seed, config.system, config.device_map) == (None,) * 4
+    assert (config.frequency_penalty, config.presence_penalty) == (None, None)
     assert (config.trust_remote_code, config.allow_pickle, config.markdown) == (False, False, False)
     assert (config.transcript, config.transcript_format, config.turns, config.output_format) == (
         None,
@@ -142,6 +143,8 @@ EVERY_OPTION = {
     "top_k": ("9", 9),
     "min_p": ("0.3", 0.3),
     "repetition_penalty": ("1.2", 1.2),
+    "frequency_penalty": ("-0.5", -0.5),
+    "presence_penalty": ("1.5", 1.5),
     "seed": ("11", 11),
     "stop": ("END", ("END",)),
     "system": ("Be kind.", "Be kind."),
@@ -226,6 +229,9 @@ def test_none_on_the_command_line_means_not_given() -> None:
         ({"STREAMCHAT_TOP_P": "0"}, "STREAMCHAT_TOP_P='0': must be > 0 and <= 1"),
         ({"STREAMCHAT_MIN_P": "1.5"}, "STREAMCHAT_MIN_P='1.5': must be between 0 and 1"),
         ({"STREAMCHAT_REPETITION_PENALTY": "0"}, "STREAMCHAT_REPETITION_PENALTY='0': must be > 0"),
+        ({"STREAMCHAT_FREQUENCY_PENALTY": "3"}, "STREAMCHAT_FREQUENCY_PENALTY='3': must be between -2 and 2"),
+        ({"STREAMCHAT_PRESENCE_PENALTY": "x"}, "STREAMCHAT_PRESENCE_PENALTY='x': not a number"),
+        ({"STREAMCHAT_PRESENCE_PENALTY": "nan"}, "STREAMCHAT_PRESENCE_PENALTY='nan': not a finite number"),
         (
             {"STREAMCHAT_TRUST_REMOTE_CODE": "sure"},
             "STREAMCHAT_TRUST_REMOTE_CODE='sure': not a boolean (use 1/true/yes/on or 0/false/no/off)",

@@ -22,6 +22,17 @@ def apply_repetition_penalty(logits: torch.Tensor, previous_ids: torch.Tensor, p
     return logits.scatter(-1, previous_ids, seen)
 
 
+def apply_openai_penalties(
+    logits: torch.Tensor, reply_ids: list[int], frequency_penalty: float, presence_penalty: float
+) -> torch.Tensor:
+    """OpenAI's frequency and presence penalties, token by token over the ids the reply drew so far:
+    each drawn token's logit less its count times frequency_penalty, plus presence_penalty once."""
+    penalized = logits.clone()
+    for token in set(reply_ids):
+        penalized[token] -= reply_ids.count(token) * frequency_penalty + presence_penalty
+    return penalized
+
+
 def mask_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k highest logits (and any tied with the k-th); 0 keeps all."""
     if k <= 0 or k >= logits.shape[-1]:
