@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from streamchat.storage.cache_file import StateKey
 from tests.support.model_dirs import VOCAB, scripted_model_and_tokenizer
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
+from tests.support.waiting import HANG_GUARD_SECONDS, wait_until
 
 SCRIPT = ("Sure", ":", " the", " answer", " is", " 42", ".")
 REPLY = "Sure: the answer is 42."
@@ -120,27 +120,26 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
-        http = httpx.Client(trust_env=False, timeout=30)
-        deadline = time.monotonic() + 10
-        while True:
+        http = httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS)
+
+        def healthy() -> bool:
             try:
-                if http.get(f"{url}/health").status_code == 200:
-                    break
+                return http.get(f"{url}/health").status_code == 200
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+                return False
+
+        wait_until(healthy, f"{url}/health to answer 200")
         client = openai.OpenAI(
             base_url=f"{url}/v1",
             api_key=api_key or "none",
             max_retries=0,
-            http_client=httpx.Client(trust_env=False, timeout=30),
+            http_client=httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS),
         )
 
         def stop() -> None:
             server.should_exit = True
             worker.stop_all()
-            thread.join(10)
+            thread.join(HANG_GUARD_SECONDS)
             worker.close()
             listener.close()
             http.close()
@@ -153,10 +152,10 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         stop()
 
 
-def wait_idle(server: RunningServer, timeout: float = 10) -> None:
+def wait_idle(server: RunningServer) -> None:
     """Until no conversation is being answered (a stopped reply journals itself a step later)."""
-    deadline = time.monotonic() + timeout
-    while any(conversation.busy for conversation in list(server.pool.conversations.values())):
-        if time.monotonic() > deadline:
-            raise TimeoutError("a conversation stayed busy")
-        time.sleep(0.01)
+
+    def idle() -> bool:
+        return not any(conversation.busy for conversation in list(server.pool.conversations.values()))
+
+    wait_until(idle, "every conversation to be idle")
