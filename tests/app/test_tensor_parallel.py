@@ -198,7 +198,7 @@ def test_a_rank_killed_or_hung_mid_reply_ends_the_run_with_one_line(tiny_chat_mo
     env = {**rank_env(tmp_path), "STREAMCHAT_TP_STEP_TIMEOUT": "3"}
     launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     launcher.stdin.write(b"Talk for a long time.\n")
-    launcher.stdin.close()
+    launcher.stdin.flush()  # closed by communicate() below (Python 3.11 refuses to communicate over a closed stdin)
     head = read_at_least(launcher, len(b"USER: Talk for a long time.\n\nASSISTANT: "))
     assert head.startswith(b"USER:"), head
     read_at_least(launcher, 20)  # the reply is streaming: both ranks are decoding
