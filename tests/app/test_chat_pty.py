@@ -13,10 +13,9 @@ from streamchat.interface.safe_text import safe_plain
 from streamchat.storage.session_file import read_session
 from tests.support.gguf_files import write_tiny_gguf
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
-
-TIMEOUT = 60
 
 
 @pytest.fixture
@@ -24,7 +23,9 @@ def chat(tiny_chat_model, tmp_path):
     env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
     arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model)]
     arguments += ["--window", "40", "--max-new-tokens", "30", "--temperature", "0"]
-    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child = pexpect.spawn(
+        sys.executable, arguments, env=env, dimensions=(30, 110), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
+    )
     child.expect_exact("streamchat 0.1.0")
     yield child
     child.close(force=True)
@@ -157,7 +158,9 @@ def terminal_env(data_dir):
 def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripted_chat_model, tmp_path):
     env = terminal_env(tmp_path)  # the reply's line, whole on one screen line
     arguments = ["-m", "streamchat", "run", "--model", str(scripted_chat_model), "--temperature", "0"]
-    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
+    child = pexpect.spawn(
+        sys.executable, arguments, env=env, dimensions=(30, 200), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
+    )
     child.logfile_read = screen = io.StringIO()
     send(child, "Summarise the page I pasted.")
     child.expect(r"\d+ tokens · ")
@@ -178,7 +181,9 @@ def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unech
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # converted on first use: a load that takes a while
     env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
     arguments = ["-m", "streamchat", "run", "--model", str(gguf), "--max-new-tokens", "3"]
-    child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child = pexpect.spawn(
+        sys.executable, arguments, env=env, dimensions=(30, 110), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
+    )
     child.expect_exact("Converting")
     # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
     pasted = "x" * 4200 + " the end"
@@ -198,7 +203,12 @@ def test_a_long_message_read_whole_shows_its_progress_and_ctrl_c_stops_the_read(
     arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), "--read-all", "--window", "40"]
     arguments += ["--max-new-tokens", "5", "--temperature", "0"]
     child = pexpect.spawn(
-        sys.executable, arguments, env=terminal_env(tmp_path), dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8"
+        sys.executable,
+        arguments,
+        env=terminal_env(tmp_path),
+        dimensions=(30, 200),
+        timeout=HANG_GUARD_SECONDS,
+        encoding="utf-8",
     )
     send(child, "lorem ipsum dolor " * 1500)  # about 9,000 tokens, read 40 at a time
     child.expect(r"reading your message: [\d,]+/[\d,]+ tokens · [\d,]+ tok/s · (\d+ min )?\d+ s left · Ctrl-C stops")

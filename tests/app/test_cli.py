@@ -26,6 +26,7 @@ from streamchat.loading.conversion import conversion_dir, convert_gguf
 from streamchat.placement.device import detect_accelerators
 from tests.support.gguf_files import write_tiny_gguf
 from tests.support.processes import in_foreground
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 STREAMCHAT = [sys.executable, "-m", "streamchat"]
 
@@ -33,7 +34,9 @@ STREAMCHAT = [sys.executable, "-m", "streamchat"]
 def streamchat(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     # A wide terminal, so that tables keep each row on one line.
     environment = {**os.environ, "COLUMNS": "250", **env}
-    return subprocess.run([*STREAMCHAT, *args], capture_output=True, text=True, env=environment, timeout=300)
+    return subprocess.run(
+        [*STREAMCHAT, *args], capture_output=True, text=True, env=environment, timeout=HANG_GUARD_SECONDS
+    )
 
 
 def imported_modules(importtime_log: str) -> set[str]:
@@ -153,7 +156,7 @@ def test_info_and_run_load_the_model_with_its_options(tmp_path: Path):
     assert f"source         GGUF file {gguf}" in result.stdout
     assert "dtype          bfloat16" in result.stdout
     command = [*STREAMCHAT, "run", "--model", str(gguf), "--dtype", "bfloat16", "--max-new-tokens", "3"]
-    chat = subprocess.run(command, input="Hi\n", capture_output=True, text=True, timeout=300)
+    chat = subprocess.run(command, input="Hi\n", capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.startswith("USER: Hi\n\nASSISTANT: ")
 
@@ -326,7 +329,7 @@ def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_de
     notice = process.stderr.readline()
     assert notice.startswith("Converting"), notice
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=HANG_GUARD_SECONDS)
 
     assert process.returncode == 130
     assert stdout == ""

@@ -18,6 +18,7 @@ from safetensors.torch import load as load_safetensors
 
 from streamchat.loading.conversion import convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_streamchat_test"
@@ -128,7 +129,7 @@ def streamchat(*args: str, hub: FakeHub | None = None, **env: str) -> subprocess
     if hub is not None:
         environment |= {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0"}
     command = [sys.executable, "-m", "streamchat", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=HANG_GUARD_SECONDS)
 
 
 def test_an_alias_is_downloaded_into_the_hugging_face_cache_then_loads_offline(

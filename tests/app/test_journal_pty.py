@@ -18,10 +18,9 @@ import pytest
 from streamchat.storage.cache_file import state_path
 from streamchat.storage.session_file import read_session
 from tests.support.processes import in_foreground
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
-
-TIMEOUT = 60
 
 
 def console_script() -> list[str]:
@@ -35,7 +34,9 @@ def spawn(model: Path, data_dir: Path, *options: str) -> pexpect.spawn:
     inherited = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
     env = {**inherited, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(data_dir)}
     command = in_foreground([*console_script(), "run", "--model", str(model), "--temperature", "0", *options])
-    child = pexpect.spawn(command[0], command[1:], env=env, dimensions=(30, 200), timeout=TIMEOUT, encoding="utf-8")
+    child = pexpect.spawn(
+        command[0], command[1:], env=env, dimensions=(30, 200), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
+    )
     child.expect_exact("streamchat 0.1.0")
     return child
 
@@ -96,6 +97,7 @@ def test_kill_9_between_turns_and_during_a_reply_loses_only_the_reply_in_flight(
         capture_output=True,
         text=True,
         env={**os.environ, "STREAMCHAT_DATA_DIR": str(tmp_path)},
+        timeout=HANG_GUARD_SECONDS,
     )
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[1].split()[2:5] == [str(tiny_chat_model), "3", "Hello"]

@@ -16,6 +16,7 @@ from streamchat.interface.safe_text import safe_plain
 from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 from tests.support.processes import in_foreground
+from tests.support.waiting import HANG_GUARD_SECONDS, read_at_least
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 # float32 and unquantized, like the in-process session the transcripts are compared with
@@ -28,7 +29,7 @@ def streamchat(model_dir, *args, stdin: bytes = b"", env=None):
         [sys.executable, "-m", "streamchat", "run", "--model", str(model_dir), *OPTIONS, *args],
         input=stdin,
         capture_output=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
         env=env,
     )
 
@@ -154,7 +155,7 @@ def test_a_missing_transcript_file_fails_before_loading_the_model(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "streamchat", "run", "--transcript", str(tmp_path / "nope.txt")],
         capture_output=True,
-        timeout=60,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert result.returncode == 7
     assert "nope.txt" in result.stderr.decode() and "Traceback" not in result.stderr.decode()
@@ -164,7 +165,10 @@ def test_a_closed_pipe_ends_the_run_quietly(tiny_chat_model):
     turns = "\n".join(f"Turn {n}" for n in range(30)) + "\n"
     command = f"{sys.executable} -m streamchat run --model {tiny_chat_model} {' '.join(OPTIONS)} | head -3"
     result = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {command}"], input=turns.encode(), capture_output=True, timeout=120
+        ["bash", "-c", f"set -o pipefail; {command}"],
+        input=turns.encode(),
+        capture_output=True,
+        timeout=HANG_GUARD_SECONDS,
     )
     assert result.stdout.decode().splitlines()[0] == "USER: Turn 0"
     assert len(result.stdout.decode().splitlines()) == 3
@@ -174,7 +178,7 @@ def test_a_closed_pipe_ends_the_run_quietly(tiny_chat_model):
 def test_ctrl_c_while_waiting_for_the_next_turn_ends_the_run_with_130(tiny_chat_model):
     pexpect = pytest.importorskip("pexpect")
     arguments = ["-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS, "--transcript", "/dev/stdin"]
-    child = pexpect.spawn(sys.executable, arguments, timeout=60, encoding="utf-8")
+    child = pexpect.spawn(sys.executable, arguments, timeout=HANG_GUARD_SECONDS, encoding="utf-8")
     child.sendline("Hello there")
     child.expect_exact("ASSISTANT: ")
     child.expect_exact("\r\n")  # the reply is written; the run waits for the next line
@@ -204,14 +208,6 @@ def test_control_sequences_reach_text_output_as_markers_and_jsonl_exactly(script
     assert "\x1b" not in jsonl.stdout.decode() and "\u202e" not in jsonl.stdout.decode()
 
 
-def read_at_least(process: subprocess.Popen, count: int) -> bytes:
-    """Bytes from the process's stdout, unbuffered: communicate() later reads the descriptor, not a buffer."""
-    data = b""
-    while len(data) < count:
-        data += os.read(process.stdout.fileno(), count - len(data))
-    return data
-
-
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
 def test_hangup_and_terminate_end_the_transcript_on_a_whole_turn(tiny_chat_model, tmp_path, signum, code):
     command = [sys.executable, "-m", "streamchat", "run", "--model", str(tiny_chat_model), *OPTIONS]
@@ -226,7 +222,7 @@ def test_hangup_and_terminate_end_the_transcript_on_a_whole_turn(tiny_chat_model
     streaming = read_at_least(process, len(header) + 20)  # the reply is streaming
     assert streaming.startswith(header)
     process.send_signal(signum)
-    rest, errors = process.communicate(timeout=60)
+    rest, errors = process.communicate(timeout=HANG_GUARD_SECONDS)
     assert process.returncode == code
     assert errors.decode() == f"stopped by {signum.name}\n"
     # The reply ends its turn with its newline, no other turn starts, and the session file has it all.
@@ -248,7 +244,7 @@ def test_hangup_and_terminate_while_waiting_for_the_next_turn_end_the_run_at_onc
     while not written.endswith(b"\n"):
         written += read_at_least(process, 1)
     process.send_signal(signum)  # stdin stays open: the run is waiting for a line that never comes
-    rest, errors = process.communicate(timeout=60)
+    rest, errors = process.communicate(timeout=HANG_GUARD_SECONDS)
     assert (process.returncode, rest, errors.decode()) == (code, b"", f"stopped by {signum.name}\n")
     assert written.startswith(b"USER: Hello there\n\nASSISTANT: ")
 

@@ -15,6 +15,7 @@ from streamchat.interface.config import RunConfig
 from streamchat.storage.cache_file import state_path
 from streamchat.storage.session_file import read_session
 from tests.app.test_journal_pty import send, spawn
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 OPTIONS = ["--max-new-tokens", "8", "--temperature", "0.8", "--seed", "7", "--window", "40"]
 TURNS = ["Hello there", "How are you?", "Tell me a story.", "And then?", "Why?", "Goodbye."]
@@ -25,7 +26,7 @@ def streamchat(model_dir, data_dir, *args, stdin: str):
         [sys.executable, "-m", "streamchat", "run", "--model", str(model_dir), *OPTIONS, *args],
         input=stdin.encode(),
         capture_output=True,
-        timeout=120,
+        timeout=HANG_GUARD_SECONDS,
         env={**os.environ, "STREAMCHAT_DATA_DIR": str(data_dir)},
     )
 

@@ -8,9 +8,15 @@ from streamchat import defaults
 from streamchat.distributed.group import Ranks, device_type, first_line, ranks_from_env, step_timeout
 from streamchat.distributed.supervisor import supervise
 from streamchat.errors import ConfigError
+from tests.support.waiting import HANG_GUARD_SECONDS
 
-# A rank that joins after `delay` seconds with a 0.5 s step timeout, waits `pause` seconds,
-# takes one step, and writes how the step went to `folder`/rank<N>.
+# The step timeout of the ranks below: long enough that two ranks let go at once arrive together
+# on a busy machine too, short enough to wait out in a test.
+STEP_TIMEOUT = 2.0
+
+# A rank that says it is joining, runs its first line, joins with STEP_TIMEOUT, runs its second
+# line, takes one step, and writes how the step went to `folder`/rank<N>. `wait_for(name)` waits
+# until the file `folder`/name exists.
 RANK = """
 import os, pathlib, sys, time
 import torch, torch.distributed as dist
@@ -18,24 +24,32 @@ from streamchat.distributed.group import join_group, leave_group, ranks_from_env
 from streamchat.distributed.lockstep import lost_ranks_reported
 from streamchat.errors import PeerLostError
 ranks = ranks_from_env(os.environ)
-delay, pause = (float(value) for value in sys.argv[2 + ranks.rank].split())
-time.sleep(delay)
-join_group(ranks, "cpu", 0.5)
-time.sleep(pause)
+folder = pathlib.Path(sys.argv[1])
+def wait_for(name):
+    while not (folder / name).exists():
+        time.sleep(0.01)
+before_joining, before_stepping = sys.argv[3 + 2 * ranks.rank : 5 + 2 * ranks.rank]
+(folder / f"rank{ranks.rank}.joining").touch()
+exec(before_joining)
+join_group(ranks, "cpu", float(sys.argv[2]))
+exec(before_stepping)
 try:
     with lost_ranks_reported(ranks.rank, "taking a step"):
         dist.broadcast(torch.zeros(1), src=0)
     outcome = "stepped"
 except PeerLostError as error:
     outcome = str(error)
-pathlib.Path(sys.argv[1], f"rank{ranks.rank}").write_text(outcome)
+(folder / f"rank{ranks.rank}").write_text(outcome)
 leave_group()
 """
 
 
-def steps_of_two_ranks(folder, rank_0, rank_1):
-    """Each rank's outcome (None if the launcher ended it first), for (delay, pause) of rank 0 and of rank 1."""
-    command = [sys.executable, "-c", RANK, str(folder), *(f"{delay} {pause}" for delay, pause in (rank_0, rank_1))]
+def steps_of_two_ranks(folder, rank_0=("", ""), rank_1=("", "")):
+    """Each rank's outcome (None if the launcher ended it first).
+
+    `rank_0` and `rank_1`: the line that rank runs before it joins, and the one before it steps.
+    """
+    command = [sys.executable, "-c", RANK, str(folder), str(STEP_TIMEOUT), *rank_0, *rank_1]
     supervise(2, command, lambda line: None)
     return [path.read_text() if path.exists() else None for path in (folder / "rank0", folder / "rank1")]
 
@@ -79,13 +93,17 @@ def test_a_collectives_message_loses_its_source_location():
 
 @pytest.mark.multiprocess
 def test_a_rank_that_starts_later_than_the_step_timeout_still_joins(tmp_path):
-    assert steps_of_two_ranks(tmp_path, rank_0=(2, 0), rank_1=(0, 0)) == ["stepped", "stepped"]
+    # Rank 0 joins once rank 1 has been joining for longer than the step timeout.
+    late = f"wait_for('rank1.joining'); time.sleep({2 * STEP_TIMEOUT})"
+    assert steps_of_two_ranks(tmp_path, rank_0=(late, "")) == ["stepped", "stepped"]
 
 
 @pytest.mark.multiprocess
 def test_once_joined_a_rank_later_than_the_step_timeout_is_given_up_on(tmp_path):
-    rank_0, _ = steps_of_two_ranks(tmp_path, rank_0=(0, 0), rank_1=(0, 3))
-    assert rank_0.startswith("rank 0 lost the other ranks while taking a step: Timed out waiting 500ms"), rank_0
+    # Rank 1 steps only once rank 0 has said how its step went: rank 0 waits for it in vain.
+    rank_0, _ = steps_of_two_ranks(tmp_path, rank_1=("", "wait_for('rank0')"))
+    waited = f"{STEP_TIMEOUT * 1000:.0f}ms"
+    assert rank_0.startswith(f"rank 0 lost the other ranks while taking a step: Timed out waiting {waited}"), rank_0
 
 
 # Two ranks take a step, then their teardown fails (as it can when a peer is gone), then they end.
@@ -93,7 +111,7 @@ QUIET_END = """
 import os, sys
 import torch, torch.distributed as dist
 from streamchat.distributed.group import join_group, leave_group_and_exit, ranks_from_env
-join_group(ranks_from_env(os.environ), "cpu", 30)
+join_group(ranks_from_env(os.environ), "cpu", float(sys.argv[1]))
 dist.broadcast(torch.zeros(1), src=0)
 def failing_teardown():
     raise RuntimeError("Connection closed by peer")
@@ -105,5 +123,5 @@ leave_group_and_exit(int(os.environ["RANK"]) + 3)
 @pytest.mark.multiprocess
 def test_a_follower_whose_teardown_failed_still_ends_at_once_with_its_code():
     lines = []
-    assert supervise(2, [sys.executable, "-c", QUIET_END], lines.append) == 3
+    assert supervise(2, [sys.executable, "-c", QUIET_END, str(HANG_GUARD_SECONDS)], lines.append) == 3
     assert lines == []

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from tests.support.processes import in_foreground
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -22,7 +23,9 @@ def run_python(code: str, ignore: tuple[signal.Signals, ...] = ()) -> subprocess
 
     command = [sys.executable, "-c", textwrap.dedent(code)]
     runner = in_foreground(command) if not ignore else command
-    return subprocess.run(runner, capture_output=True, text=True, timeout=60, preexec_fn=prepare if ignore else None)
+    return subprocess.run(
+        runner, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS, preexec_fn=prepare if ignore else None
+    )
 
 
 def test_ctrl_c_caught_inside_exec_compiled_code_exits_with_the_chosen_code(tmp_path):
@@ -47,7 +50,7 @@ def test_ctrl_c_caught_inside_exec_compiled_code_exits_with_the_chosen_code(tmp_
         )
     )
     command = in_foreground([sys.executable, "-m", module.stem])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (130, "Interrupted\n"), result.stderr
 
 

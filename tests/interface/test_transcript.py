@@ -24,6 +24,7 @@ from streamchat.interface.transcript import (
     transcript_path,
     transcript_writer,
 )
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -227,7 +228,7 @@ def test_a_live_pipe_is_answered_before_it_closes() -> None:
         received: list[object] = []
         reader = threading.Thread(target=lambda: received.append(next(items)), daemon=True)
         reader.start()
-        reader.join(timeout=10)
+        reader.join(timeout=HANG_GUARD_SECONDS)  # a reader that waits for the pipe to close never returns
         assert received == [UserTurn("first question", 1)]
         pipe_in.write(b"second question\n")
         pipe_in.close()

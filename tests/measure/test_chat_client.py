@@ -18,6 +18,7 @@ from streamchat.measure.chat_client import (
     stream_chat,
     user_turn,
 )
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 Answer = Callable[[dict], tuple[int, list[str]]]
 
@@ -77,7 +78,7 @@ def test_a_streamed_reply_with_usage(fake_server) -> None:
     endpoint, _ = fake_server(
         lambda request: (200, _events(_delta(""), _delta("Hel"), _delta("lo!"), {"choices": [], "usage": usage}))
     )
-    reply = stream_chat(endpoint, {"messages": []}, timeout=5)
+    reply = stream_chat(endpoint, {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert (reply.text, reply.tokens, reply.prompt_tokens, reply.cached_tokens) == ("Hello!", 3, 120, 100)
     assert reply.read_tokens == 20 and reply.error is None and not reply.empty
     assert reply.cache == "1/10, evicted 0"
@@ -87,35 +88,35 @@ def test_a_streamed_reply_with_usage(fake_server) -> None:
 def test_without_usage_tokens_are_the_chunks_with_text_and_nothing_is_read(fake_server) -> None:
     # llama-cpp-python's server: no usage in its streams.
     endpoint, _ = fake_server(lambda request: (200, _events(_delta("a"), _delta("b"), _delta(""))))
-    reply = stream_chat(endpoint, {"messages": []}, timeout=5)
+    reply = stream_chat(endpoint, {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert (reply.text, reply.tokens, reply.prompt_tokens, reply.read_tokens) == ("ab", 2, None, None)
 
 
 def test_an_empty_reply_is_empty_not_an_error(fake_server) -> None:
     endpoint, _ = fake_server(lambda request: (200, _events({"choices": [{"delta": {}, "finish_reason": "length"}]})))
-    reply = stream_chat(endpoint, {"messages": []}, timeout=5)
+    reply = stream_chat(endpoint, {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert reply.empty and reply.error is None and reply.ttft is None and reply.tokens == 0
 
 
 def test_an_error_status_is_its_message_on_one_line(fake_server) -> None:
     message = "request (2107 tokens) exceeds\nthe available context size (2048 tokens)"
     endpoint, _ = fake_server(lambda request: (400, [json.dumps({"error": {"message": message, "code": 400}})]))
-    reply = stream_chat(endpoint, {"messages": []}, timeout=5)
+    reply = stream_chat(endpoint, {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert reply.error == "HTTP 400: request (2107 tokens) exceeds the available context size (2048 tokens)"
     assert not reply.empty
 
 
 def test_an_error_event_mid_stream_is_an_error(fake_server) -> None:
     endpoint, _ = fake_server(lambda request: (200, _events(_delta("a"), {"error": {"message": "stopped"}})))
-    assert stream_chat(endpoint, {"messages": []}, timeout=5).error == "stopped"
+    assert stream_chat(endpoint, {"messages": []}, timeout=HANG_GUARD_SECONDS).error == "stopped"
 
 
 def test_a_server_that_is_gone_is_an_error_not_an_exception(fake_server) -> None:
     endpoint, _ = fake_server(lambda request: (200, []))
-    reply = stream_chat(Endpoint("127.0.0.1", 1), {"messages": []}, timeout=2)
+    reply = stream_chat(Endpoint("127.0.0.1", 1), {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert reply.error is not None and reply.error.startswith("ConnectionRefusedError")
-    assert served_model(Endpoint("127.0.0.1", 1), timeout=2) == "default"
-    assert served_model(endpoint, timeout=2) == "fake-model"
+    assert served_model(Endpoint("127.0.0.1", 1), timeout=HANG_GUARD_SECONDS) == "default"
+    assert served_model(endpoint, timeout=HANG_GUARD_SECONDS) == "fake-model"
 
 
 def test_every_turn_resends_the_history_and_a_failed_turn_is_dropped_from_it(fake_server) -> None:
@@ -125,7 +126,14 @@ def test_every_turn_resends_the_history_and_a_failed_turn_is_dropped_from_it(fak
         return 200, _events(_delta(f"reply {len(request['messages'])}"))
 
     endpoint, received = fake_server(answer)
-    workload = Workload(conversations=1, turns=3, max_tokens=5, request_timeout=5, time_limit=30, system_prompt="Sys")
+    workload = Workload(
+        conversations=1,
+        turns=3,
+        max_tokens=5,
+        request_timeout=HANG_GUARD_SECONDS,
+        time_limit=HANG_GUARD_SECONDS,
+        system_prompt="Sys",
+    )
     records, seconds = run_conversations(endpoint, "fake-model", workload, threading.Event())
     assert [(record.turn, record.reply.error) for record in records] == [
         (1, None),
@@ -152,7 +160,9 @@ def test_every_turn_resends_the_history_and_a_failed_turn_is_dropped_from_it(fak
 def test_a_stopped_run_sends_nothing_more() -> None:
     stop = threading.Event()
     stop.set()
-    workload = Workload(conversations=2, turns=2, max_tokens=5, request_timeout=5, time_limit=30)
+    workload = Workload(
+        conversations=2, turns=2, max_tokens=5, request_timeout=HANG_GUARD_SECONDS, time_limit=HANG_GUARD_SECONDS
+    )
     records, _ = run_conversations(Endpoint("127.0.0.1", 1), "m", workload, stop)
     assert [(record.conversation, record.turn) for record in records] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(record.reply.error.startswith("not sent") for record in records)

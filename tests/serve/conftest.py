@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from streamchat.storage.cache_file import StateKey
 from tests.support.model_dirs import VOCAB, scripted_model_and_tokenizer
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
+from tests.support.waiting import HANG_GUARD_SECONDS, wait_until
 
 SCRIPT = ("Sure", ":", " the", " answer", " is", " 42", ".")
 REPLY = "Sure: the answer is 42."
@@ -129,27 +129,26 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
-        http = httpx.Client(trust_env=False, timeout=30)
-        deadline = time.monotonic() + 10
-        while True:
+        http = httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS)
+
+        def healthy() -> bool:
             try:
-                if http.get(f"{url}/health").status_code == 200:
-                    break
+                return http.get(f"{url}/health").status_code == 200
             except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+                return False
+
+        wait_until(healthy, f"{url}/health to answer 200")
         client = openai.OpenAI(
             base_url=f"{url}/v1",
             api_key=api_key or "none",
             max_retries=0,
-            http_client=httpx.Client(trust_env=False, timeout=30),
+            http_client=httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS),
         )
 
         def stop() -> None:
             server.should_exit = True
             worker.stop_all()
-            thread.join(10)
+            thread.join(HANG_GUARD_SECONDS)
             worker.close()
             listener.close()
             http.close()
@@ -164,7 +163,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 
 def raw_exchange(server: RunningServer, data: bytes) -> bytes:
     """Send `data` on a new connection, then read until the server closes it (the guard only ends a hang)."""
-    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=HANG_GUARD) as sock:
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=HANG_GUARD_SECONDS) as sock:
         sock.sendall(data)
         received = b""
         while piece := sock.recv(65536):
@@ -180,19 +179,10 @@ def raw_request(body: bytes, *headers: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-# How long a raw connection waits for the server before the test fails as hung: far above any slow run.
-HANG_GUARD = 300
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    """Until `condition()` holds (the guard only ends a hang)."""
-    deadline = time.monotonic() + HANG_GUARD
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the condition never held")
-        time.sleep(0.01)
-
-
 def wait_idle(server: RunningServer) -> None:
     """Until no conversation is being answered (a stopped reply journals itself a step later)."""
-    wait_until(lambda: not any(conversation.busy for conversation in list(server.pool.conversations.values())))
+
+    def idle() -> bool:
+        return not any(conversation.busy for conversation in list(server.pool.conversations.values()))
+
+    wait_until(idle, "every conversation to be idle")

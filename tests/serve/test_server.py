@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from streamchat.measure.server_process import free_port
 from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import save_tiny_chat_model
 from tests.support.processes import in_foreground
+from tests.support.waiting import HANG_GUARD_SECONDS, wait_until
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 
@@ -35,15 +35,16 @@ def serving(model: Path, data: Path) -> Iterator[tuple[subprocess.Popen, str, ht
     process = subprocess.Popen(in_foreground([*command, "--window", "64"]), env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(trust_env=False, timeout=30) as client:
-            deadline = time.monotonic() + 60
-            while True:
+        with httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS) as client:
+
+            def answers() -> bool:
                 try:
                     client.get(f"{url}/health")
-                    break
+                    return True
                 except httpx.TransportError:
-                    assert process.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.1)
+                    return False
+
+            wait_until(answers, f"{url}/health to answer", process)  # a server that exits fails at once
             yield process, url, client
     finally:
         process.kill()
@@ -62,7 +63,7 @@ def test_a_signal_stops_the_replies_saves_every_conversation_and_exits_cleanly(
             in_flight = response.headers["x-streamchat-conversation"]
             process.send_signal(signum)  # mid-reply: it stops within a step, and the stream ends whole
             lines = [line for line in response.iter_lines() if line]
-        _, errors = process.communicate(timeout=30)
+        _, errors = process.communicate(timeout=HANG_GUARD_SECONDS)
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "interrupted"
     assert process.returncode == exit_code
@@ -86,7 +87,7 @@ def test_after_a_kill_mid_reply_every_conversation_goes_on_from_its_journal(tmp_
             in_flight = response.headers["x-streamchat-conversation"]
             next(line for line in response.iter_lines() if '"content"' in line)  # the reply is under way
             process.kill()  # kill -9: no state written, the reply in flight lost
-        process.wait(timeout=30)
+        process.wait(timeout=HANG_GUARD_SECONDS)
     first = answered.headers["x-streamchat-conversation"]
     with serving(model, data) as (_, url, client):
         # The first conversation, resent whole as a client does, is found again from its journal.

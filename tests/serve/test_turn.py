@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from streamchat.conversation.template import ChatFormat
 from streamchat.storage.session_file import read_session
-from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle, wait_until
+from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle
+from tests.support.waiting import wait_until
 
 
 def new_turn_tokens(tokenizer, text: str, first: bool, system: str | None = None) -> int:
@@ -108,7 +109,8 @@ def test_a_whole_reply_whose_client_left_is_taken_back_when_the_request_is_sent_
     body = {"messages": [{"role": "user", "content": "Count upward forever: 1, 2, 3,"}], "max_tokens": 10**9}
     with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
         sock.sendall(raw_request(json.dumps(body).encode()))
-        wait_until(lambda: any(conversation.busy for conversation in list(server.pool.conversations.values())))
+        under_way = lambda: any(conversation.busy for conversation in list(server.pool.conversations.values()))  # noqa: E731
+        wait_until(under_way, "the reply to be under way")
     wait_idle(server)  # the reply stopped within a step of the client leaving
     (path,) = server.sessions.glob("*.jsonl")
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
