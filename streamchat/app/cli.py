@@ -33,8 +33,8 @@ from streamchat.interface.options import (
     TpOption,
     TrustRemoteCodeOption,
     WindowOption,
-    choices,
     given_options,
+    listed,
     option,
 )
 from streamchat.interface.reporting import reported_errors, stderr
@@ -106,13 +106,13 @@ def run(
     eviction: Annotated[
         str | None,
         option(
-            "token: evict just what each step needs (keeps the most context). "
-            "turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
+            f"{listed(defaults.EVICTION_POLICIES)}. token: evict just what each step needs (keeps the most "
+            "context). turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
             f"\\[default: {defaults.EVICTION_POLICY}]",
             "--eviction",
             "--evict",
             panel=CACHE,
-            metavar=choices(defaults.EVICTION_POLICIES),
+            metavar="POLICY",
         ),
     ] = None,
     recall: RecallOption = None,
@@ -129,27 +129,35 @@ def run(
     ] = None,
     max_new_tokens: Annotated[
         int | None,
-        option(f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]", panel=GENERATION),
+        option(
+            f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]",
+            panel=GENERATION,
+            metavar="N",
+        ),
     ] = None,
     temperature: Annotated[
-        float | None, option("0 is greedy. \\[default: the model's, else 0.7]", panel=GENERATION)
+        float | None, option("0 is greedy. \\[default: the model's, else 0.7]", panel=GENERATION, metavar="NUMBER")
     ] = None,
     top_p: Annotated[
-        float | None, option("Nucleus sampling: keep the likeliest tokens up to this mass.", panel=GENERATION)
+        float | None,
+        option("Nucleus sampling: keep the likeliest tokens up to this mass.", panel=GENERATION, metavar="NUMBER"),
     ] = None,
-    top_k: Annotated[int | None, option("Keep the k likeliest tokens (0 = off).", panel=GENERATION)] = None,
+    top_k: Annotated[
+        int | None, option("Keep the N likeliest tokens (0 = off).", panel=GENERATION, metavar="N")
+    ] = None,
     min_p: Annotated[
-        float | None, option("Drop tokens below min-p times the likeliest's probability.", panel=GENERATION)
+        float | None,
+        option("Drop tokens below min-p times the likeliest's probability.", panel=GENERATION, metavar="NUMBER"),
     ] = None,
     repetition_penalty: Annotated[
-        float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION)
+        float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION, metavar="NUMBER")
     ] = None,
-    seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION)] = None,
+    seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION, metavar="N")] = None,
     stop: Annotated[
         list[str] | None,
         option("End a reply where this text appears (repeat for several).", panel=GENERATION, metavar="TEXT"),
     ] = None,
-    system: Annotated[str | None, option("System prompt.", panel=GENERATION)] = None,
+    system: Annotated[str | None, option("System prompt.", panel=GENERATION, metavar="TEXT")] = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
@@ -158,10 +166,10 @@ def run(
     compile: Annotated[
         str | None,
         option(
-            "Compile the decode step into one graph (CUDA graphs on a GPU). auto: on for CUDA, off on CPU, where it "
-            "does not pay. The first start compiles for a minute or so; later starts reuse the compiled code. "
-            f"\\[default: {defaults.COMPILE}]",
-            metavar=choices(defaults.COMPILE_SETTINGS),
+            f"Compile the decode step into one graph (CUDA graphs on a GPU): {listed(defaults.COMPILE_SETTINGS)}. "
+            "auto: on for CUDA, off on CPU, where it does not pay. The first start compiles for a minute or so; "
+            f"later starts reuse the compiled code. \\[default: {defaults.COMPILE}]",
+            metavar="MODE",
         ),
     ] = None,
     trust_remote_code: TrustRemoteCodeOption = None,
@@ -181,26 +189,26 @@ def run(
     transcript_format: Annotated[
         str | None,
         option(
-            f"How the transcript file is read. \\[default: {defaults.TRANSCRIPT_FORMAT}]",
+            f"How the transcript file is read: {listed(TRANSCRIPT_FORMATS)}. \\[default: {defaults.TRANSCRIPT_FORMAT}]",
             panel=TRANSCRIPT,
-            metavar=choices(TRANSCRIPT_FORMATS),
+            metavar="FORMAT",
         ),
     ] = None,
     turns: Annotated[
         str | None,
         option(
-            "Plain text: one turn per line, or turns separated by blank lines. "
+            f"Plain text: {listed(TURN_SPLITS)}, one turn per line or turns separated by blank lines. "
             f"\\[default: {defaults.TRANSCRIPT_TURNS}]",
             panel=TRANSCRIPT,
-            metavar=choices(TURN_SPLITS),
+            metavar="SPLIT",
         ),
     ] = None,
     output_format: Annotated[
         str | None,
         option(
-            f"How the transcript is written to stdout. \\[default: {defaults.OUTPUT_FORMAT}]",
+            f"How the transcript is written to stdout: {listed(OUTPUT_FORMATS)}. \\[default: {defaults.OUTPUT_FORMAT}]",
             panel=TRANSCRIPT,
-            metavar=choices(OUTPUT_FORMATS),
+            metavar="FORMAT",
         ),
     ] = None,
     continue_: Annotated[
