@@ -18,8 +18,9 @@ from rich.text import Text
 from streamchat import defaults
 from streamchat.app.launch import load, run_chat
 from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
+from streamchat.app.resuming import with_saved_layout
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
-from streamchat.interface.config import config_file_location, load_options, load_run_config
+from streamchat.interface.config import chosen_options, config_file_location, load_options, load_run_config
 from streamchat.interface.options import (
     CACHE_PANEL,
     AllowPickleOption,
@@ -215,7 +216,7 @@ def run(
         bool | None,
         option(
             "Go on with the most recent conversation, exactly where it stopped (its saved cache state, else a "
-            "replay). Its settings and system prompt come with it.",
+            "replay). Its settings and system prompt come with it, and its --keep and --window unless given.",
             "--continue",
             panel=SESSION,
             metavar="",
@@ -224,7 +225,7 @@ def run(
     resume: Annotated[
         str | None,
         option(
-            "Go on with this conversation: a session file, or its id (see `streamchat sessions`).",
+            "Go on with this conversation: a session file, or its id (see `streamchat sessions`); as --continue.",
             panel=SESSION,
             metavar="FILE|ID",
         ),
@@ -232,7 +233,9 @@ def run(
 ) -> None:
     """Chat with a model, forever: every turn streams through one sink + window cache."""
     with reported_errors():
-        config = load_run_config(given_options(context))
+        given = given_options(context)
+        # Before --tp hands the configuration to its ranks: every rank lays out its cache the same way.
+        config = with_saved_layout(load_run_config(given), chosen_options(given))
     try:
         with reported_errors():
             code = run_tensor_parallel(config, load) if wants_tensor_parallel(config) else run_chat(config, load)
