@@ -38,7 +38,7 @@ from streamchat.interface.options import (
     listed,
     option,
 )
-from streamchat.interface.reporting import reported_errors, stderr
+from streamchat.interface.reporting import reported_errors, stderr, watched_note
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir
 from streamchat.interface.tables import print_table
@@ -96,6 +96,7 @@ def info(
     """Load a model and print a summary of it (options as for `run`, also from the config file and environment)."""
     with reported_errors():
         config = load_run_config(given_options(context))
+    watched_note(f"loading {config.model} ...")
     print_table(stdout, model_summary(load(load_options(config))))
 
 

@@ -106,6 +106,7 @@ def test_regen_system_save_load_and_reset(chat, tmp_path):
     send(chat, "/regen")
     chat.expect_exact("30 tokens ·")  # greedy: the same reply again, from the same cache
     send(chat, "/system Be brief.")
+    chat.expect(r"replaying the conversation: 0/[\d,]+ tokens")  # the replay reads more than one window
     chat.expect(r"replayed 2 messages \([\d,]+ tokens\)")
     send(chat, "/system")
     chat.expect_exact("system prompt: 'Be brief.'")
@@ -179,6 +180,7 @@ def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unech
     env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
     arguments = ["-m", "streamchat", "run", "--model", str(gguf), "--max-new-tokens", "3"]
     child = pexpect.spawn(sys.executable, arguments, env=env, dimensions=(30, 110), timeout=TIMEOUT, encoding="utf-8")
+    child.expect_exact(f"loading {gguf} ...")  # on the screen before the model loads
     child.expect_exact("Converting")
     # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
     pasted = "x" * 4200 + " the end"
