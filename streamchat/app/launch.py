@@ -24,7 +24,7 @@ from streamchat.app.typeahead import keys_held
 from streamchat.errors import StreamchatError
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.display import ChatDisplay
-from streamchat.interface.reporting import notify, reported_errors, stderr
+from streamchat.interface.reporting import notify, reported_errors, stderr, watched_note
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir, save_state, session_for, state_key
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
@@ -53,6 +53,8 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
     items = None if interactive else _first_read(_transcript_items(config))
     # Which conversation to go on with, also settled before the model loads.
     resume = session_to_resume(config, data_dir() / "sessions")
+    # Loading takes seconds to a minute or more: the screen says so at once.
+    watched_note(f"loading {config.model} ...")
     # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
     with keys_held() if interactive else nullcontext():
         loaded = load(load_options(config))

@@ -2,6 +2,9 @@
 
 - `--continue` names the session written most recently, `--resume FILE|ID` one file;
   `/load FILE` does the same from within a chat.
+- `--continue` and `--resume` take the cache layout (--keep, --window) the conversation
+  was saved with, unless the run sets its own: a cache state fits only its own layout.
+  (`/load` goes on in the chat's cache as it is.)
 - The cache state beside a session file (streamchat.storage.cache_file) is restored when
   it fits this run; otherwise the conversation is replayed, and the engine says why.
 - The state is written beside the journal when streamchat exits (however it exits, as
@@ -10,15 +13,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat.errors import ConfigError
-from streamchat.interface.sessions import restored
-from streamchat.storage.cache_file import StateKey
+from streamchat.interface.config import replaced
+from streamchat.interface.sessions import data_dir, restored
+from streamchat.storage.cache_file import StateKey, saved_key, state_path
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
-from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session
+from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session, saved_layout
 
 if TYPE_CHECKING:
     from streamchat.conversation.calls import Conversation
@@ -46,6 +50,28 @@ def session_to_resume(config: RunConfig, sessions: Path) -> Path | None:
         journals = [path for path in sessions.glob(f"*{SUFFIX}") if path.is_file()] if sessions.is_dir() else []
         return max(journals, key=lambda path: path.stat().st_mtime, default=None)
     return None
+
+
+# The options that lay out a conversation's cache, by the names StateKey and the journal's header give them.
+LAYOUT_OPTIONS = ("keep", "window")
+
+
+def with_saved_layout(config: RunConfig, chosen: Collection[str]) -> RunConfig:
+    """`config` with the cache layout of the conversation --continue or --resume goes on with, where
+    `chosen` (the options the run sets itself: chosen_options) leaves it to the defaults.
+
+    The layout of its cache state, else the one its journal's header records. A layout this
+    streamchat cannot use leaves `config` as it is: the replay then says why.
+    """
+    path = session_to_resume(config, data_dir() / "sessions")
+    if path is None:
+        return config
+    saved = saved_key(state_path(path)) or saved_layout(path)
+    layout = {name: saved[name] for name in LAYOUT_OPTIONS if name in saved and name not in chosen}
+    try:
+        return replaced(config, layout, str(path))
+    except ConfigError:
+        return config
 
 
 def load_session(

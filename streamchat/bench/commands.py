@@ -20,8 +20,10 @@ from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig, load_options, load_run_config
 from streamchat.interface.options import (
+    Command,
     DeviceOption,
     DtypeOption,
+    Group,
     KeepOption,
     ModelOption,
     QuantizeOption,
@@ -38,21 +40,23 @@ if TYPE_CHECKING:
 
 bench_app = typer.Typer(
     name="bench",
-    help="Benchmarks that reproduce the StreamingLLM paper's claims: perplexity and decode speed.",
+    cls=Group,
+    help="Benchmarks: perplexity (ppl), decode speed and memory (speed), the kept system prompt (keep), recalled "
+    "facts (recall), the live display (display), decode against other engines (decode), the HTTP API (serve).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
 
-OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.")]
+OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.", metavar="DIR")]
 QuickOption = Annotated[
     bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
 ]
 
 
-def _size(help_text: str, default: object, *names: str) -> Any:
+def _size(help_text: str, default: object, *names: str, metavar: str = "N") -> Any:
     """An option that falls back to the full size (or the --quick one) when not given."""
-    return typer.Option(*names, help=f"{help_text} \\[default: {default}]", show_default=False)
+    return typer.Option(*names, help=f"{help_text} \\[default: {default}]", show_default=False, metavar=metavar)
 
 
 def _keep(default: int) -> Any:
@@ -63,15 +67,18 @@ def _keep(default: int) -> Any:
 WINDOW_HELP = "Recent tokens kept in the rolling window."
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def ppl(
-    text: Annotated[Path, typer.Option(help="A long UTF-8 text, e.g. a Gutenberg novel.", show_default=False)],
+    text: Annotated[
+        Path, typer.Option(help="A long UTF-8 text, e.g. a Gutenberg novel.", show_default=False, metavar="FILE")
+    ],
     start_at: Annotated[
         str | None,
         typer.Option(
             "--from",
             help="Start scoring where this text first appears (skip a book's front matter).",
             show_default=False,
+            metavar="TEXT",
         ),
     ] = None,
     tokens: Annotated[int | None, _size("Tokens of the text to score.", defaults.PPL_TOKENS)] = None,
@@ -80,7 +87,9 @@ def ppl(
     chunk: Annotated[
         int | None, _size("Tokens per forward pass for window, recompute and streaming.", defaults.PPL_CHUNK)
     ] = None,
-    policies: Annotated[str | None, _size(f"Comma-separated, from {','.join(defaults.BENCH_POLICIES)}.", "all")] = None,
+    policies: Annotated[
+        str | None, _size(f"Comma-separated, from {','.join(defaults.BENCH_POLICIES)}.", "all", metavar="LIST")
+    ] = None,
     longer_keep: Annotated[
         int | None,
         _size(
@@ -96,8 +105,9 @@ def ppl(
     out: OutOption = Path(defaults.BENCH_OUT_DIR),
     quick: QuickOption = False,
 ) -> None:
-    """Perplexity of a long text under dense, window, recompute and streaming caches (the paper's Figure 3),
-    and what a longer kept prefix (--keep system) costs at the same capacity.
+    """Perplexity of a long text under dense, window, recompute, streaming and keep caches (the paper's Figure 3).
+
+    The keep policy: what a longer kept prefix (--keep system) costs at the same capacity.
 
     Defaults: the paper's cache, --keep 4 + --window 1020, over 20,000 tokens; the keep policy's 60 + 964.
 
@@ -149,7 +159,7 @@ RandomInitOption = Annotated[
 ]
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def speed(
     model: ModelOption = None,
     random_init: RandomInitOption = None,
@@ -160,6 +170,7 @@ def speed(
         _size(
             "Tokens streamed before each measurement, comma-separated.",
             ",".join(map(str, defaults.SPEED_CHECKPOINTS)),
+            metavar="LIST",
         ),
     ] = None,
     steps: Annotated[
@@ -215,13 +226,14 @@ def speed(
         )
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def keep(
     transcript: Annotated[
         Path,
         typer.Option(
             help="User turns to stream: MT-bench's questions, JSONL chat lines or plain lines (as `run` reads them).",
             show_default=False,
+            metavar="FILE",
         ),
     ],
     turns: Annotated[int | None, _size("User turns streamed before the last probe.", defaults.KEEP_BENCH_TURNS)] = None,
@@ -277,7 +289,7 @@ def keep(
         )
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def recall(
     window: Annotated[int | None, _size(WINDOW_HELP, defaults.RECALL_BENCH_WINDOW)] = None,
     reply_tokens: Annotated[
@@ -289,6 +301,7 @@ def recall(
         typer.Option(
             help="MT-bench's question.jsonl for the filler turns, when there is one; else the questions shipped.",
             show_default=False,
+            metavar="FILE",
         ),
     ] = None,
     model: ModelOption = None,
@@ -346,11 +359,15 @@ def recall(
         )
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def display(
     model: ModelOption = None,
-    trials: Annotated[int, typer.Option(help="Replies per side (the median counts).")] = defaults.DISPLAY_TRIALS,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply.")] = defaults.DISPLAY_MAX_NEW_TOKENS,
+    trials: Annotated[
+        int, typer.Option(help="Replies per side (the median counts).", metavar="N")
+    ] = defaults.DISPLAY_TRIALS,
+    max_new_tokens: Annotated[
+        int, typer.Option(help="Tokens per reply.", metavar="N")
+    ] = defaults.DISPLAY_MAX_NEW_TOKENS,
     window: Annotated[
         int | None, _size(f"{WINDOW_HELP} As for `run`, also from the environment and config file.", defaults.WINDOW)
     ] = None,
@@ -380,7 +397,7 @@ def display(
         )
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def decode(
     model: ModelOption = None,
     random_init: RandomInitOption = None,
@@ -451,10 +468,10 @@ def decode(
         )
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 def serve(
     conversations: Annotated[
-        str | None, _size("Conversations side by side, comma-separated: a row per value.", "1,2,4")
+        str | None, _size("Conversations side by side, comma-separated: a row per value.", "1,2,4", metavar="LIST")
     ] = None,
     turns: Annotated[int | None, _size("User turns per conversation.", 40)] = None,
     max_new_tokens: Annotated[int | None, _size("Most tokens per reply (max_tokens).", 64)] = None,
@@ -472,6 +489,7 @@ def serve(
             "--llama-server",
             help="A llama.cpp `llama-server` binary to run instead of llama-cpp-python's server.",
             show_default=False,
+            metavar="PATH",
         ),
     ] = None,
     context_shift: Annotated[

@@ -298,10 +298,14 @@ class ChatSession:
         self.recalled = dict(recalled or {})
         self._settled = False
         total = sum(len(ids) for ids in feeds)
+        progress = self.token_loop.replay_progress(total)
+        yield CacheOccupancy(self.cache_stats(), 0.0)  # the emptied cache, not the one the replay replaces
+        if (started := progress.advance(0)) is not None:
+            yield started  # shown before the first forward pass, which takes a while
         start = 0
         for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
             self.transcript.append({"role": message["role"], "content": message["content"]})
-            yield from self.token_loop.replay_message(ids, start, total, index)
+            yield from self.token_loop.replay_message(ids, start, total, index, progress)
             start += len(ids)
         self._settled = True
         yield CacheOccupancy(self.cache_stats(), 0.0)

@@ -56,11 +56,13 @@ class PromptSkipped:
 
 @dataclass(frozen=True)
 class PromptProgress:
-    """A prompt that takes more than one forward pass is being read: so far, of all that will be read."""
+    """A prompt, or a conversation replayed, that takes more than one forward pass is being read: so far,
+    of all that will be read."""
 
     read_tokens: int
     total_tokens: int
     tokens_per_second: float
+    reading: Literal["message", "conversation"] = "message"  # a user's message, or a conversation replayed
 
     @property
     def seconds_left(self) -> float | None:

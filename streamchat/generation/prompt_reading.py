@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Literal
 
 from streamchat.generation.events import PromptProgress
 
@@ -27,6 +28,11 @@ def replayed_parts(ids: list[int], start: int, skip_from: int, skip_to: int) -> 
     return head, tail
 
 
+def replayed_count(total: int, sinks: int, window: int) -> int:
+    """How many tokens of a `total`-token replay are read: those `replayed_parts` gives, over all its messages."""
+    return total - max(0, total - REPLAYED_WINDOWS * window - sinks)
+
+
 def prompt_parts(ids: list[int], seen: int, sinks: int, window: int, read_all: bool) -> tuple[list[int], list[int]]:
     """The head and tail of a prompt to feed after `seen` tokens: the sinks not filled yet and
     the last REPLAYED_WINDOWS windows, as a replay reads a conversation; all of it with `read_all`."""
@@ -38,9 +44,10 @@ def prompt_parts(ids: list[int], seen: int, sinks: int, window: int, read_all: b
 class ReadingProgress:
     """How far a long read has come: tokens read of `total`, at what speed, how long is left."""
 
-    def __init__(self, total: int, step: int) -> None:
+    def __init__(self, total: int, step: int, reading: Literal["message", "conversation"] = "message") -> None:
         self.total = total
         self.step = step  # tokens per forward pass
+        self.reading = reading
         self.read = 0
         self.started = time.perf_counter()
 
@@ -55,4 +62,4 @@ class ReadingProgress:
         if self.total <= self.step:
             return None
         elapsed = time.perf_counter() - self.started
-        return PromptProgress(self.read, self.total, self.read / elapsed if elapsed > 0 else 0.0)
+        return PromptProgress(self.read, self.total, self.read / elapsed if elapsed > 0 else 0.0, self.reading)

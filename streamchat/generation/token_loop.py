@@ -36,7 +36,13 @@ from streamchat.generation.events import (
 )
 from streamchat.generation.mirror import CacheMirror
 from streamchat.generation.out_of_memory import out_of_memory_reported
-from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, ReadingProgress, prompt_parts, replayed_parts
+from streamchat.generation.prompt_reading import (
+    REPLAYED_WINDOWS,
+    ReadingProgress,
+    prompt_parts,
+    replayed_count,
+    replayed_parts,
+)
 from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Sampler
 
@@ -192,16 +198,27 @@ class TokenLoop:
             start += size
         return logits
 
-    def replay_message(self, ids: list[int], start: int, total: int, message: int) -> Generator[Event, None, None]:
+    def replay_progress(self, total: int) -> ReadingProgress:
+        """The progress of a replay `total` tokens long, over the tokens it reads (replay_message's)."""
+        read = replayed_count(total, self.cache.sinks, self.cache.window)
+        return ReadingProgress(read, min(self.prefill_chunk, self.cache.window), "conversation")
+
+    def replay_message(
+        self, ids: list[int], start: int, total: int, message: int, progress: ReadingProgress
+    ) -> Generator[Event, None, None]:
         """Feed message `message`, at stream position `start` of a replay `total` tokens long: only what
-        falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again."""
+        falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again.
+        Each forward pass is followed by the replay's `progress` and the cache's occupancy."""
         skip_to = total - REPLAYED_WINDOWS * self.cache.window
         head, tail = replayed_parts(ids, start, self.cache.sinks, skip_to)
-        if head:
-            yield from self.feed(head, message)
-        self.mirror.skip(len(ids) - len(head) - len(tail), message)
-        if tail:
-            yield from self.feed(tail, message)
+        for part, skipped_after in ((head, len(ids) - len(head) - len(tail)), (tail, 0)):
+            # Pieces of one forward pass each: the chunks feed() would have cut, so the cache computes the same.
+            for piece in progress.pieces(part):
+                yield from self.feed(piece, message)
+                if (event := progress.advance(len(piece))) is not None:
+                    yield event
+                    yield CacheOccupancy(self.cache.stats(), 0.0)
+            self.mirror.skip(skipped_after, message)
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import keyword
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,25 +186,44 @@ def load_run_config(command_line: Mapping[str, object]) -> RunConfig:
     return resolve_run_config(command_line, os.environ, find_config_file(os.environ))
 
 
+def chosen_options(command_line: Mapping[str, object]) -> frozenset[str]:
+    """The options this run sets itself, by name: on the command line, in the environment or the config file.
+    The others are defaults, which a conversation gone on with may replace by its own."""
+    return frozenset(name for name, _, _ in _given(command_line, os.environ, find_config_file(os.environ)))
+
+
 def resolve_run_config(cli: Mapping[str, object], env: Mapping[str, str], config_file: Path | None) -> RunConfig:
     """The run configuration from every source: each value is checked, and the latest source wins.
 
     `cli` holds the options the user gave, keyed by name with dashes or underscores
     (None values count as not given).
     """
-    given = [
-        *(_from_config_file(config_file) if config_file else []),
-        *_from_environment(env),
-        *_from_command_line(cli),
-    ]
-    checked_values = {name: _convert(name, raw, label) for name, raw, label in given}
-    return RunConfig(
-        **{name + "_" if keyword.iskeyword(name) else name: value for name, value in checked_values.items()}
-    )
+    checked_values = {name: _convert(name, raw, label) for name, raw, label in _given(cli, env, config_file)}
+    return RunConfig(**{_field_name(name): value for name, value in checked_values.items()})
+
+
+def replaced(config: RunConfig, values: Mapping[str, object], source: str) -> RunConfig:
+    """`config` with `values` (raw, by option name) in place of its own, each checked by its option's rule;
+    ConfigError names `source` and the value."""
+    checked_values = {name: _convert(name, raw, f"{source}: {name} = {raw!r}") for name, raw in values.items()}
+    return replace(config, **{_field_name(name): value for name, value in checked_values.items()})
+
+
+def _field_name(name: str) -> str:
+    return name + "_" if keyword.iskeyword(name) else name
 
 
 # (option, raw value, how the message names where it came from)
 Given = tuple[str, object, str]
+
+
+def _given(cli: Mapping[str, object], env: Mapping[str, str], config_file: Path | None) -> list[Given]:
+    """Every value given, by every source, the config file's first and the command line's last."""
+    return [
+        *(_from_config_file(config_file) if config_file else []),
+        *_from_environment(env),
+        *_from_command_line(cli),
+    ]
 
 
 def _from_config_file(path: Path) -> list[Given]:

@@ -123,7 +123,10 @@ class ChatDisplay:
             self._reading = None
             self._add_text(event.text)
         elif isinstance(event, PromptProgress):
+            starting = self._reading is None
             self._reading = event if event.read_tokens < event.total_tokens else None
+            if starting and self._reading is not None and self._live is not None:
+                self._live.refresh()  # the next forward pass may take long: show the read before it
         elif isinstance(event, PromptSkipped):
             self._reading, self._skipped = None, True
             self._print(Text(prompt_skipped_text(event), style="yellow"))
@@ -279,14 +282,17 @@ def prompt_skipped_text(event: PromptSkipped) -> str:
 
 
 def reading_line(progress: PromptProgress) -> str:
-    """A long prompt being read: "reading your message: 12,000/250,030 tokens · 640 tok/s · 6 min 12 s left"."""
-    line = f"reading your message: {progress.read_tokens:,}/{progress.total_tokens:,} tokens"
+    """A long prompt being read: "reading your message: 12,000/250,030 tokens · 640 tok/s · 6 min 12 s left";
+    a conversation replayed (/system, /load, --continue): "replaying the conversation: 1,024/4,044 tokens · ..."."""
+    what = "replaying the conversation" if progress.reading == "conversation" else "reading your message"
+    line = f"{what}: {progress.read_tokens:,}/{progress.total_tokens:,} tokens"
     if progress.tokens_per_second > 0:
         line += f" · {progress.tokens_per_second:,.0f} tok/s"
     if progress.seconds_left is not None:
         minutes, seconds = divmod(round(progress.seconds_left), 60)
         line += f" · {minutes} min {seconds} s left" if minutes else f" · {seconds} s left"
-    return line + " · Ctrl-C stops"
+    # A replay cannot stop half way: the cache would hold part of a conversation.
+    return line if progress.reading == "conversation" else line + " · Ctrl-C stops"
 
 
 def turn_stats_line(stats: TurnStats) -> str:

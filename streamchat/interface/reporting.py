@@ -47,3 +47,10 @@ def _last_words(text: str) -> None:
 def notify(text: str) -> None:
     """A one-line progress note (loading names files and models): terminal-safe, on stderr."""
     stderr.print(safe_text(text))
+
+
+def watched_note(text: str) -> None:
+    """A note that something slow has begun (loading the model), for whoever watches the terminal: on stderr
+    when it is one. A pipe or a log gets nothing, as it gets no live display: only warnings and errors."""
+    if stderr.is_terminal:
+        stderr.print(safe_text(text, "dim"))

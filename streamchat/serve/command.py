@@ -70,14 +70,17 @@ def serve(
     trust_remote_code: TrustRemoteCodeOption = None,
     allow_pickle: AllowPickleOption = None,
     host: Annotated[
-        str, option(f"Address to listen on. \\[default: {defaults.SERVE_HOST}]", panel=SERVER_PANEL)
+        str, option(f"Address to listen on. \\[default: {defaults.SERVE_HOST}]", panel=SERVER_PANEL, metavar="HOST")
     ] = defaults.SERVE_HOST,
-    port: Annotated[int, option(f"Port. \\[default: {defaults.SERVE_PORT}]", panel=SERVER_PANEL)] = defaults.SERVE_PORT,
+    port: Annotated[
+        int, option(f"Port. \\[default: {defaults.SERVE_PORT}]", panel=SERVER_PANEL, metavar="PORT")
+    ] = defaults.SERVE_PORT,
     api_key: Annotated[
         str | None,
         typer.Option(
             envvar=defaults.SERVE_API_KEY_ENV,
             help="Every endpoint but /health wants `Authorization: Bearer KEY`. Needed for a non-loopback --host.",
+            metavar="KEY",
             rich_help_panel=SERVER_PANEL,
             show_default=False,
             show_envvar=True,
@@ -89,6 +92,7 @@ def serve(
             "Conversations with a live cache; past that the least recently used idle one is parked on disk "
             f"(restored exactly when asked for). \\[default: {defaults.SERVE_MAX_CONVERSATIONS}]",
             panel=SERVER_PANEL,
+            metavar="N",
         ),
     ] = defaults.SERVE_MAX_CONVERSATIONS,
     max_waiting: Annotated[
@@ -97,6 +101,7 @@ def serve(
             f"Requests that may wait for the model beyond those answered; more get 429. "
             f"\\[default: {defaults.SERVE_MAX_WAITING}]",
             panel=SERVER_PANEL,
+            metavar="N",
         ),
     ] = defaults.SERVE_MAX_WAITING,
     max_tokens_limit: Annotated[
@@ -110,7 +115,11 @@ def serve(
     ] = None,
     cors: Annotated[
         list[str] | None,
-        option("Let browser pages from ORIGIN call the API (repeat for several). Off by default.", panel=SERVER_PANEL),
+        option(
+            "Let browser pages from ORIGIN call the API (repeat for several). Off by default.",
+            panel=SERVER_PANEL,
+            metavar="ORIGIN",
+        ),
     ] = None,
 ) -> None:
     """Serve endless conversations over an OpenAI-compatible HTTP API (chat completions, streamed or whole)."""

@@ -119,6 +119,23 @@ def read_state(path: Path, key: StateKey, saved: SavedSession) -> TensorState | 
         return f"its cache state cannot be read ({error})"
 
 
+def saved_key(path: Path) -> dict[str, str]:
+    """What the state at `path` was saved for (StateKey's fields, as text); empty when there is no state
+    there, or none this streamchat reads."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        return {}
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata = opened.metadata() or {}
+    except (OSError, SafetensorError):
+        return {}
+    if metadata.get("format") != FORMAT or metadata.get("version") != str(VERSION):
+        return {}
+    return {field.name: metadata[field.name] for field in fields(StateKey) if field.name in metadata}
+
+
 def _mismatch(metadata: dict[str, str], key: StateKey, saved: SavedSession) -> str | None:
     """Why a state with this header cannot serve `key` and `saved`; None when it can."""
     if metadata.get("format") != FORMAT:

@@ -165,6 +165,22 @@ def _optional_text(path: Path, document: dict[str, Any], key: str) -> str | None
     return value
 
 
+def saved_layout(path: Path) -> dict[str, str]:
+    """The cache layout a journal's header records ("keep", "window"), as text; empty for a JSON session file
+    (/save FILE), or for a file that cannot be read (read_session says why)."""
+    try:
+        with path.expanduser().open(encoding="utf-8") as file:
+            header = _journal_header(file.readline())
+    except (OSError, UnicodeDecodeError):
+        return {}
+    cache = header.get("cache") if header is not None else None
+    if not isinstance(cache, dict):
+        return {}
+    # Journals written before --keep recorded it as "sinks", a number of first tokens.
+    layout = {"keep": cache.get("keep", cache.get("sinks")), "window": cache.get("window")}
+    return {name: str(value) for name, value in layout.items() if type(value) in (str, int)}
+
+
 def _journal_header(text: str) -> dict[str, Any] | None:
     """The header of a journal, None when `text` is not one (a version 1 document starts with a lone brace)."""
     first_line = text.split("\n", 1)[0]

@@ -107,6 +107,7 @@ def test_regen_system_save_load_and_reset(chat, tmp_path):
     send(chat, "/regen")
     chat.expect_exact("30 tokens ·")  # greedy: the same reply again, from the same cache
     send(chat, "/system Be brief.")
+    chat.expect(r"replaying the conversation: 0/[\d,]+ tokens")  # the replay reads more than one window
     chat.expect(r"replayed 2 messages \([\d,]+ tokens\)")
     send(chat, "/system")
     chat.expect_exact("system prompt: 'Be brief.'")
@@ -184,6 +185,7 @@ def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unech
     child = pexpect.spawn(
         sys.executable, arguments, env=env, dimensions=(30, 110), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
     )
+    child.expect_exact(f"loading {gguf} ...")  # on the screen before the model loads
     child.expect_exact("Converting")
     # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
     pasted = "x" * 4200 + " the end"

