@@ -277,3 +277,14 @@ def test_a_message_longer_than_the_cache_is_read_in_part_and_said(start_server, 
     assert response.status_code == 200
     warning = response.headers["x-streamchat-warning"]
     assert warning.startswith("the message is ") and "more than the cache holds" in warning
+
+
+def test_the_openai_client_with_penalties_gets_a_reply_that_they_change(start_server, endless) -> None:
+    server = start_server(endless)
+    asked = [{"role": "user", "content": "Say something."}]
+    plain = server.client.chat.completions.create(model="tiny", messages=asked, max_tokens=24, temperature=0)
+    penalized = server.client.chat.completions.create(
+        model="tiny", messages=asked, max_tokens=24, temperature=0, frequency_penalty=0.5, presence_penalty=0.5
+    )
+    assert penalized.choices[0].finish_reason == "length"
+    assert penalized.choices[0].message.content != plain.choices[0].message.content
