@@ -20,8 +20,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from streamchat import defaults
 
-# How long uvicorn waits for streams to end once the replies were told to stop, in seconds.
-GRACEFUL_SHUTDOWN_SECONDS = 5
+# How long uvicorn waits for streams to end once the replies were told to stop, in seconds. They end within a
+# step; on a loaded CPU a batched step of a few replies can take seconds, and a stream cut off by this deadline
+# ends without its finish_reason (and uvicorn logs a traceback), so it is far past a step.
+GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
 class HeaderDeadlineProtocol(H11Protocol):

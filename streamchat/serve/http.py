@@ -155,7 +155,12 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
         Route("/v1/conversations", conversations),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
-    handlers = {ApiError: api_error, HTTPException: http_error}
+
+    async def server_error(request: Request, error: Exception) -> Response:
+        # A bug: logged with its traceback by Starlette, answered in OpenAI's shape so clients can say what it was.
+        return JSONResponse(ApiError(500, f"the server failed: {error!r}", kind="server_error").body(), status_code=500)
+
+    handlers = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
     return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
 
 
