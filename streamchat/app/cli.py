@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from streamchat import defaults
-from streamchat.app.launch import load, run_chat
+from streamchat.app.launch import announce_load, load, run_chat
 from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
 from streamchat.app.resuming import with_saved_layout
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
@@ -38,7 +38,7 @@ from streamchat.interface.options import (
     listed,
     option,
 )
-from streamchat.interface.reporting import reported_errors, stderr, watched_note
+from streamchat.interface.reporting import reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
 from streamchat.interface.sessions import data_dir
 from streamchat.interface.tables import print_table
@@ -96,7 +96,7 @@ def info(
     """Load a model and print a summary of it (options as for `run`, also from the config file and environment)."""
     with reported_errors():
         config = load_run_config(given_options(context))
-    watched_note(f"loading {config.model} ...")
+    announce_load(config.model)
     print_table(stdout, model_summary(load(load_options(config))))
 
 

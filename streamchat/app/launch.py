@@ -53,8 +53,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
     items = None if interactive else _first_read(_transcript_items(config))
     # Which conversation to go on with, also settled before the model loads.
     resume = session_to_resume(config, data_dir() / "sessions")
-    # Loading takes seconds to a minute or more: the screen says so at once.
-    watched_note(f"loading {config.model} ...")
+    announce_load(config.model)
     # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
     with keys_held() if interactive else nullcontext():
         loaded = load(load_options(config))
@@ -147,6 +146,16 @@ def _transcript_items(config: RunConfig) -> Iterator[TranscriptItem]:
     if config.transcript is not None:
         return read_transcript_file(config.transcript, **options)
     return read_transcript(sys.stdin.buffer, "<stdin>", **options)
+
+
+def announce_load(model: str) -> None:
+    """Say on the terminal that `model` is loading, which takes seconds to a minute or more; first check
+    that it names a model at all (instantly: an alias, a path, a hub id), so that a typo is the only line."""
+    from streamchat.loading.resolve import resolve_model
+
+    with reported_errors():
+        resolve_model(model)
+    watched_note(f"loading {model} ...")
 
 
 def load(options: LoadOptions) -> LoadedModel:
