@@ -27,26 +27,14 @@ from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES
 
 Message = dict[str, str]
 
-# The fields a chat completion request may carry and streamchat reads.
+# Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
+NUMERIC_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+# Every setting a request may set, as the session names it; one a request leaves out gets the server's.
+REQUEST_SETTINGS = ("max_new_tokens", *NUMERIC_SETTINGS, "top_k", "seed", "stop")
+# The fields a chat completion request may carry and streamchat reads (max_tokens sets max_new_tokens).
 ACCEPTED_FIELDS = frozenset(
-    {
-        "model",
-        "messages",
-        "stream",
-        "stream_options",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "stop",
-        "seed",
-        "n",
-    }
+    {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", *REQUEST_SETTINGS}
+    - {"max_new_tokens"}
 )
 # Labels a client may attach, accepted and unused: `user` and `metadata` name who asks, `store`
 # asks OpenAI to keep the reply (streamchat journals every conversation anyway).
@@ -61,8 +49,6 @@ NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
     "tool_choice": ("none", "auto"),
     "parallel_tool_calls": (True, False),
 }
-# Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
-NUMERIC_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 MAX_STOP_STRINGS = 4  # as OpenAI
 # No field takes a longer integer (a seed has at most 20 digits); Python's int() refuses past 4,300.
 MAX_INTEGER_DIGITS = 20

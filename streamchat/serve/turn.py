@@ -34,22 +34,8 @@ from streamchat.generation.events import (
     TextDelta,
     TurnFinished,
 )
-from streamchat.serve.openai_api import ApiError, ChatRequest, Message
+from streamchat.serve.openai_api import REQUEST_SETTINGS, ApiError, ChatRequest, Message
 from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
-
-# The settings a request may set; one it leaves out gets the server's.
-REQUEST_SETTINGS = (
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-    "stop",
-)
 
 
 @dataclass(frozen=True)
