@@ -107,9 +107,14 @@ class Contender:
     decode: Callable[[Subject, DecodeSizes], float]
 
 
+RUN_DEFAULTS = "run defaults"
+
+
 def run_defaults(dtype: str, quantize: str) -> Setting:
-    """`run`'s defaults, or the --dtype and --quantize the command was given."""
-    return Setting("run defaults", dtype, quantize)
+    """`run`'s defaults, or the --dtype and --quantize the command was given, labelled by what was given."""
+    options = (("dtype", dtype, defaults.DTYPE), ("quantize", quantize, defaults.QUANTIZE))
+    given = [f"--{name} {value}" for name, value, default in options if value != default]
+    return Setting(" ".join(given) or RUN_DEFAULTS, dtype, quantize)
 
 
 BASELINE = Setting("--dtype float32 --quantize none", "float32", "none")
@@ -331,10 +336,14 @@ def checks(rows: list[Row], defaults_setting: str, device_type: str) -> list[Che
     found = []
     ours, baseline = ms(STREAMCHAT, defaults_setting), ms(STREAMCHAT, BASELINE.label)
     if device_type == "cpu" and ours and baseline and defaults_setting != BASELINE.label:
-        found.append(Check("run defaults / float32 decode speed", baseline / ours, DEFAULTS_VS_FLOAT32_MIN, False))
+        speedup = Check(f"{defaults_setting} / float32 decode speed", baseline / ours, DEFAULTS_VS_FLOAT32_MIN, False)
+        found.append(speedup)
     llama = next((r["ms_per_token"] for r in rows if r["engine"] == "llama.cpp"), None)
     if ours and llama:
-        found.append(Check("run defaults / llama.cpp ms per token", ours / llama, DEFAULTS_VS_LLAMA_CPP_MAX, True))
+        against_llama = Check(
+            f"{defaults_setting} / llama.cpp ms per token", ours / llama, DEFAULTS_VS_LLAMA_CPP_MAX, True
+        )
+        found.append(against_llama)
     compiled = by_key.get((COMPILED, defaults_setting))
     if device_type == "cuda" and compiled and ours:
         found.append(

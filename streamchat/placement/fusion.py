@@ -9,7 +9,7 @@ shared/notes/performance.md). Products that read the same input become one:
     mlp.gate_up_proj      [2 * intermediate, hidden]         (gate_proj, up_proj)
 
 The fused layer is a plain nn.Linear, made before quantization, so --quantize turns it
-into one Int8Linear or one torchao int4 layer like any other: per output row (int8) or
+into one Int8Linear or Int4Linear like any other: per output row (int8) or
 per row and group of inputs (int4), so its quantized values are those of the separate
 layers, rows side by side. The model keeps one copy of the weights: the old names
 (q_proj, ..., up_proj) become `ProjectionPart`s that take their slice of the fused

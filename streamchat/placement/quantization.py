@@ -7,12 +7,11 @@ cached). Activations stay in the model's dtype; only weights are stored in fewer
 
 Why these schemes (measured on the CI CPU in eager mode, default model; README, Benchmarks):
 
-- int4 is torchao's. On CPU its Int4OpaqueTensor runs aten's _weight_int4pack_mm_for_cpu;
-  groups of 32 are the groups of the GGUF Q4_1 blocks the default model ships in, so its
-  perplexity does not move, but in bfloat16 (scales and zero points rounded to bf16) some
-  greedy answers change, and it decodes no faster than int8 here: so auto picks int8 on
-  CPU. On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
-  capability 8.0 or newer.
+- int4 on CPU is Int4Linear (aten's _weight_int4pack_mm_for_cpu, called directly: torchao's
+  Int4OpaqueTensor reaches the same kernel through a tensor subclass whose dispatch cost
+  ate the gain). Groups of 32 are the groups of the GGUF Q4_1 blocks the default model
+  ships in. On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only,
+  compute capability 8.0 or newer.
 - int8 on CPU is Int8Linear (aten's _weight_int8pack_mm): torchao's int8 tensor converts
   the whole weight to the activations' dtype on every eager call (slower than bf16), and
   optimum-quanto reaches the same kernel through enough Python to lose most of its gain.
@@ -40,13 +39,10 @@ QUANTIZE_NAMES = ", ".join(defaults.QUANTIZATIONS)
 # The install line a missing or unusable torchao points at: the range pyproject.toml pins.
 TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"
 
-Scheme = Literal["int8-aten", "int8-torchao", "int4-torchao-cpu", "int4-torchao-cuda"]
-# int4 weights share a scale and zero point per group of this many inputs. On CPU: the GGUF
-# Q4_1 block size. On CUDA: the usual 128 where a layer's width allows, else a smaller one.
-CPU_INT4_GROUP_SIZES = (32,)
+Scheme = Literal["int8-aten", "int4-aten", "int8-torchao", "int4-torchao-cuda"]
+# On CUDA int4 weights share a scale and zero point per group of this many inputs: the usual
+# 128 where a layer's width allows, else a smaller one. (On CPU: Int4Linear's GROUP_SIZE.)
 CUDA_INT4_GROUP_SIZES = (128, 64, 32)
-# The int4 CPU kernel packs output rows in tiles of 16.
-CPU_INT4_OUT_FEATURES_MULTIPLE = 16
 # torchao's tinygemm CUDA kernel uses tensor-core instructions from Ampere (8.0) on.
 CUDA_INT4_MIN_CAPABILITY = (8, 0)
 
@@ -85,7 +81,7 @@ def plan_quantization(requested: str, device: str, dtype: str, accelerators: Acc
     if kind == "cpu":
         if method == "int8":
             return QuantizationPlan("int8", layers="int8-aten", head="int8-aten")
-        return QuantizationPlan("int4", layers="int4-torchao-cpu", head="int8-aten")
+        return QuantizationPlan("int4", layers="int4-aten", head="int8-aten")
     if kind == "cuda":
         if method == "int8":
             return QuantizationPlan("int8", layers="int8-torchao", head=None)
@@ -138,37 +134,28 @@ def quantize_model(model: torch.nn.Module, plan: QuantizationPlan) -> int:
 
 
 def _apply(model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool]) -> int:
-    if scheme == "int8-aten":
-        return _replace_with_int8_linear(model, chosen)
+    if scheme in ("int8-aten", "int4-aten"):
+        return _replace_linear_layers(model, scheme, chosen)
     torchao = _import_torchao(scheme)
     if scheme == "int8-torchao":
         config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
         return _torchao_quantize(torchao, model, config, chosen)
     count = 0
-    cpu = scheme == "int4-torchao-cpu"
-    sizes = CPU_INT4_GROUP_SIZES if cpu else CUDA_INT4_GROUP_SIZES
-    for size in sizes:
-        if cpu:
-            config = torchao.prototype.quantization.int4.PrototypeInt4WeightOnlyConfig(
-                group_size=size, set_inductor_config=False
-            )
-        else:
-            config = torchao.quantization.Int4WeightOnlyConfig(
-                group_size=size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
-            )
+    for size in CUDA_INT4_GROUP_SIZES:
+        config = torchao.quantization.Int4WeightOnlyConfig(
+            group_size=size, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
+        )
 
         def in_this_group(module: torch.nn.Module, size: int = size) -> bool:
-            return chosen(module) and _int4_group_size(module, sizes, cpu) == size
+            return chosen(module) and _cuda_int4_group_size(module) == size
 
         count += _torchao_quantize(torchao, model, config, in_this_group)
     return count
 
 
-def _int4_group_size(linear: torch.nn.Module, sizes: tuple[int, ...], cpu: bool) -> int | None:
-    """The largest of `sizes` that divides the layer's inputs, if its outputs suit the kernel too."""
-    if cpu and linear.out_features % CPU_INT4_OUT_FEATURES_MULTIPLE:
-        return None
-    return next((size for size in sizes if linear.in_features % size == 0), None)
+def _cuda_int4_group_size(linear: torch.nn.Module) -> int | None:
+    """The largest group size that divides the layer's inputs."""
+    return next((size for size in CUDA_INT4_GROUP_SIZES if linear.in_features % size == 0), None)
 
 
 def _torchao_quantize(torchao: object, model: torch.nn.Module, config: object, chosen: Callable) -> int:
@@ -178,19 +165,22 @@ def _torchao_quantize(torchao: object, model: torch.nn.Module, config: object, c
     return len(chosen_names)
 
 
-def _replace_with_int8_linear(model: torch.nn.Module, chosen: Callable[[torch.nn.Module], bool]) -> int:
+def _replace_linear_layers(model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool]) -> int:
+    """Replace the chosen linear layers the scheme's aten kernel takes with Int8Linear or Int4Linear."""
+    from streamchat.placement.int4_linear import Int4Linear, fits_int4_kernel
     from streamchat.placement.int8_linear import Int8Linear, fits_int8_kernel
 
+    layer_type, fits = (Int8Linear, fits_int8_kernel) if scheme == "int8-aten" else (Int4Linear, fits_int4_kernel)
     # Collected first: replacing children while walking the module tree would skip some.
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if chosen(child) and fits_int8_kernel(child)
+        if chosen(child) and fits(child)
     ]
     head = model.get_output_embeddings()
     for parent, name, child in targets:
-        replacement = Int8Linear(child)
+        replacement = layer_type(child)
         if child is head:
             # Unties a shared embedding: the input side keeps its float table (one row read per token).
             model.set_output_embeddings(replacement)
@@ -204,7 +194,6 @@ def _import_torchao(scheme: str) -> object:
     method = scheme.split("-")[0]
     try:
         import torchao
-        import torchao.prototype.quantization.int4
         import torchao.quantization
     except ImportError as error:
         raise ConfigError(

@@ -4,7 +4,9 @@ A client resends the whole history each time. After each turn the server files t
 conversation under a digest of (system prompt, messages); a request whose history (all
 but its new user message) has the same digest continues that conversation, and only the
 new message is read. Messages are compared by content, as the server wrote them: a client
-that edits an earlier turn, or trims a reply, starts a new conversation.
+that edits an earlier turn, or trims a reply, starts a new conversation. The one exception
+is a reply cut short because its client left mid-stream: the server knows what it sent,
+not what the client read, so a history ending on any start of that reply continues it.
 """
 
 from __future__ import annotations
@@ -35,19 +37,37 @@ class ConversationIndex:
     def __init__(self) -> None:
         self._by_digest: dict[str, str] = {}
         self._digest_of: dict[str, str] = {}
+        # Conversations whose last reply was cut short, by the digest of what came before it: (id, reply sent).
+        self._cut_by_digest: dict[str, tuple[str, str]] = {}
+        self._cut_digest_of: dict[str, str] = {}
 
-    def file(self, conversation: str, system: str | None, messages: list[Message]) -> None:
-        """`conversation` now says `messages`: requests that extend them continue it."""
+    def file(self, conversation: str, system: str | None, messages: list[Message], cut_short: bool = False) -> None:
+        """`conversation` now says `messages`: requests that extend them continue it. `cut_short`: the last
+        message is a reply whose client left mid-stream, having read any start of it."""
         self.forget(conversation)
         digest = history_digest(system, messages)
         self._by_digest[digest] = conversation
         self._digest_of[conversation] = digest
+        if cut_short and messages and messages[-1]["role"] == "assistant":
+            before = history_digest(system, messages[:-1])
+            self._cut_by_digest[before] = (conversation, messages[-1]["content"])
+            self._cut_digest_of[conversation] = before
 
     def find(self, system: str | None, history: list[Message]) -> str | None:
-        """The conversation that says exactly `history` under `system`, if any."""
-        return self._by_digest.get(history_digest(system, history))
+        """The conversation that says `history` under `system` (or all but the end of its last reply, cut
+        short), if any."""
+        found = self._by_digest.get(history_digest(system, history))
+        if found is not None or not history or history[-1]["role"] != "assistant":
+            return found
+        cut = self._cut_by_digest.get(history_digest(system, history[:-1]))
+        if cut is not None and cut[1].startswith(history[-1]["content"]):
+            return cut[0]
+        return None
 
     def forget(self, conversation: str) -> None:
         digest = self._digest_of.pop(conversation, None)
         if digest is not None and self._by_digest.get(digest) == conversation:
             del self._by_digest[digest]
+        before = self._cut_digest_of.pop(conversation, None)
+        if before is not None and self._cut_by_digest.get(before, ("",))[0] == conversation:
+            del self._cut_by_digest[before]

@@ -13,8 +13,9 @@ its reply began (its client left while it waited) records nothing.
 
 After each turn the conversation is filed under what its client was told: the whole
 reply, or, when the client left mid-reply, only the text it was sent (none for a whole
-reply it never received). A client that resends exactly what it has continues the
-conversation; a reply it never saw (or the part of one) is taken back first, by a replay.
+reply it never received). A client that resends what it has (for a stream cut short, any
+start of what it was sent) continues the conversation; a reply it never saw (or the part of
+one) is taken back first, by a replay.
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ class Turn:
         prompt_length = stats.prompt_tokens if prompt_length is None else prompt_length
         prompt_tokens = conversation.rendered_tokens + prompt_length
         conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
-        self.pool.index.file(conversation.id, session.system_prompt, self._told(session.transcript))
+        cut_short = bool(self.told)  # the client left mid-stream, having read some start of what it was sent
+        self.pool.index.file(conversation.id, session.system_prompt, self._told(session.transcript), cut_short)
         read = taken.restore_read + stats.prompt_tokens
         return Finished(
             reply=finished.reply,

@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -56,6 +57,19 @@ def test_decode_quick_prints_every_row_and_writes_the_csv(tiny_model_dir, tmp_pa
         assert "llama-cpp-python is not installed" in result.output
     else:
         assert "is not a GGUF file" in result.output
+
+
+@pytest.mark.parametrize(
+    ("dtype", "quantize", "label"),
+    [
+        ("auto", "auto", "run defaults"),
+        ("auto", "int4", "--quantize int4"),
+        ("bfloat16", "auto", "--dtype bfloat16"),
+        ("float16", "none", "--dtype float16 --quantize none"),
+    ],
+)
+def test_the_main_rows_are_labelled_by_the_options_given(dtype, quantize, label):
+    assert bench.run_defaults(dtype, quantize) == bench.Setting(label, dtype, quantize)
 
 
 def test_a_row_is_one_entry_in_the_list():

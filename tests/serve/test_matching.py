@@ -26,6 +26,19 @@ def test_a_conversation_that_moved_on_is_filed_under_its_new_history_only() -> N
     assert index.find(None, longer) is None
 
 
+def read(content: str) -> list[dict[str, str]]:
+    return [TURN[0], {"role": "assistant", "content": content}]
+
+
+def test_a_reply_cut_short_is_continued_from_any_start_of_it() -> None:
+    index = ConversationIndex()
+    index.file("a", None, TURN, cut_short=True)  # the client left mid-stream; it was sent "Hello."
+    assert [index.find(None, read(content)) for content in ("Hello.", "Hel", "", "Hello!")] == ["a", "a", "a", None]
+    assert index.find(None, [{"role": "user", "content": "Ho"}, TURN[1]]) is None  # another question
+    index.file("a", None, [*TURN, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure."}])
+    assert index.find(None, read("Hel")) is None  # it moved on: only its whole history continues it
+
+
 def test_digests_tell_roles_and_contents_apart() -> None:
     swapped = [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "Hello."}]
     assert history_digest(None, TURN) != history_digest(None, swapped)

@@ -1,0 +1,101 @@
+"""Int4Linear: a linear layer with 4-bit weights in groups, computed by aten's CPU int4 kernel.
+
+`torch.ops.aten._weight_int4pack_mm_for_cpu` dequantizes in registers: for one activation
+row it reads half the bytes of the int8 kernel and runs 2-3x faster on an AVX-512 CPU.
+torchao reaches the same kernel through a tensor subclass whose dispatch costs tens of
+microseconds per call, which on a small model ate the gain (211 products a token), so
+this module calls the kernel itself, as Int8Linear does for int8.
+
+Each group of GROUP_SIZE inputs of an output row keeps its own minimum and step (the
+GGUF Q4_1 scheme, whose blocks are 32 wide: weights that came from a Q4_1 file come back
+on the same grid): w = q * step + minimum, q in 0..15. The kernel takes the pair as
+(step, minimum + 8 * step), in the activations' dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+GROUP_SIZE = 32
+LEVELS = 15  # q in 0..15
+# The kernel's packed layout holds 32 output rows a block: [out / 32, in, 16] bytes, row j of a
+# block in the low nibbles and row 16 + j in the high ones. Prompt chunks widen the weights from
+# it (below), so layers whose outputs are not whole blocks stay as they are.
+OUT_BLOCK = 32
+# The kernel scales with rows (it does not reuse weights across them): at 32 rows one product
+# costs about 10 single-row ones. Above this many rows the weights are widened for one float
+# product instead, as a prompt chunk through the unquantized layer would be.
+KERNEL_MAX_ROWS = 16
+
+
+def fits_int4_kernel(linear: torch.nn.Linear) -> bool:
+    """Whether `linear` has a shape the int4 kernel takes, in the packed layout this module reads."""
+    shaped = linear.in_features % GROUP_SIZE == 0 and linear.out_features % OUT_BLOCK == 0
+    return shaped and packed_layout_is_known()
+
+
+@functools.cache
+def packed_layout_is_known() -> bool:
+    """Whether this torch packs int4 weights as levels() reads them (checked once, on a small probe)."""
+    probe = torch.arange(OUT_BLOCK * 2 * GROUP_SIZE, dtype=torch.int32).reshape(OUT_BLOCK * 2, GROUP_SIZE) % 16
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    return packed.numel() * 2 == probe.numel() and torch.equal(_unpack(packed, *probe.shape), probe)
+
+
+def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`weight` [out, in] as (q int32 [out, in], step [out, groups], minimum [out, groups]), float32 params."""
+    out_features, in_features = weight.shape
+    groups = weight.float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)  # [out, groups, 32]
+    minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)
+    step = ((maximum - minimum) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round((groups - minimum[..., None]) / step[..., None]).clamp(0, LEVELS)
+    return q.reshape(out_features, in_features).to(torch.int32), step, minimum
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x @ dequantized(weight).T + bias, for activations in the dtype the layer was built from."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, step, minimum = quantize_groups(linear.weight.detach())
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        dtype = linear.weight.dtype
+        # [groups, out, 2]: (step, minimum + 8 * step) per group and output row, as the kernel reads them.
+        pairs = torch.stack([step, minimum + 8 * step], dim=-1).transpose(0, 1)
+        self.register_buffer("scales_and_zeros", pairs.contiguous().to(dtype))
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.reshape(-1, self.in_features)  # [batch * seq, in]
+        if rows.shape[0] <= KERNEL_MAX_ROWS:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows.contiguous(), self.weight_int4, GROUP_SIZE, self.scales_and_zeros
+            )
+        else:
+            out = rows @ self.widened(rows.dtype).T
+        out = out.reshape(*hidden.shape[:-1], self.out_features)  # [batch, seq, out]
+        return out if self.bias is None else out + self.bias
+
+    def levels(self) -> torch.Tensor:
+        """The quantized weights q [out, in] (int32, 0..15), read back from the kernel's packed layout."""
+        return _unpack(self.weight_int4, self.out_features, self.in_features)
+
+    def widened(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dequantized weights [out, in] in `dtype`."""
+        step, zero = self.scales_and_zeros.float().unbind(dim=-1)  # [groups, out] each
+        minimum = zero - 8 * step
+        groups = self.levels().reshape(self.out_features, -1, GROUP_SIZE)  # [out, groups, 32]
+        weight = groups * step.T[..., None] + minimum.T[..., None]
+        return weight.reshape(self.out_features, self.in_features).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    blocks = packed.reshape(out_features // OUT_BLOCK, in_features, OUT_BLOCK // 2)  # [out / 32, in, 16] bytes
+    nibbles = torch.cat([blocks & 15, blocks >> 4], dim=-1)  # [out / 32, in, 32]
+    return nibbles.transpose(1, 2).reshape(out_features, in_features).to(torch.int32)

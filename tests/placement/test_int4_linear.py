@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from streamchat.placement.int4_linear import (
+    GROUP_SIZE,
+    KERNEL_MAX_ROWS,
+    Int4Linear,
+    fits_int4_kernel,
+    packed_layout_is_known,
+    quantize_groups,
+)
+
+
+def linear(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(in_features, out_features, bias=bias).to(dtype)
+
+
+def test_this_torch_packs_int4_weights_as_the_layer_reads_them():
+    assert packed_layout_is_known()
+    original = linear(96, 64, torch.bfloat16)
+    assert torch.equal(Int4Linear(original).levels(), quantize_groups(original.weight)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("seq", [1, 9], ids=["decode (int4 kernel)", "prompt chunk (widened weights)"])
+def test_it_computes_with_the_grouped_weights(dtype: torch.dtype, bias: bool, seq: int):
+    original = linear(96, 64, dtype, bias)
+    layer = Int4Linear(original)
+    hidden = torch.randn(2, seq, 96, dtype=dtype)  # [batch, seq, in]; 18 rows go past KERNEL_MAX_ROWS
+    assert (2 * seq > KERNEL_MAX_ROWS) == (seq == 9)
+    # What the layer stands for: each group's levels times its step, plus its minimum, in float32.
+    expected = hidden.float() @ layer.widened(torch.float32).T + (original.bias.float() if bias else 0)
+    got = layer(hidden)
+    assert got.shape == (2, seq, 64) and got.dtype == dtype
+    assert torch.allclose(got.float(), expected, atol=2e-2 * expected.abs().max().item())
+
+
+def test_each_group_spans_its_own_range_in_sixteen_levels():
+    original = linear(64, 32, torch.float32)
+    q, step, minimum = quantize_groups(original.weight)
+    groups = original.weight.reshape(32, 2, GROUP_SIZE)  # [out, groups, 32]
+    assert torch.equal(minimum, groups.amin(dim=-1))
+    assert q.amin().item() == 0 and q.amax().item() == 15
+    rebuilt = Int4Linear(original).widened(torch.float32)
+    assert (rebuilt - original.weight).abs().max() <= step.max() / 2 + 1e-6
+
+
+def test_weights_already_on_a_q4_1_grid_come_back_exactly():
+    # A Q4_1 block: w = q * d + m with q spanning 0..15 (what the default model's GGUF holds).
+    levels = torch.arange(32 * 64).reshape(32, 64) % 16
+    d, m = torch.full((32, 2), 0.0625), torch.full((32, 2), -0.5)
+    weight = levels * d.repeat_interleave(GROUP_SIZE, dim=1) + m.repeat_interleave(GROUP_SIZE, dim=1)
+    original = torch.nn.Linear(64, 32, bias=False)
+    original.weight = torch.nn.Parameter(weight)
+    assert torch.equal(Int4Linear(original).widened(torch.float32), weight)
+
+
+@pytest.mark.parametrize(
+    ("shape", "fits"), [((32, 32), True), ((576, 1536), True), ((56, 64), False), ((64, 48), False)]
+)
+def test_only_shapes_the_kernel_takes_are_taken(shape: tuple[int, int], fits: bool):
+    assert fits_int4_kernel(torch.nn.Linear(*shape)) is fits
