@@ -4,7 +4,8 @@
 row it reads half the bytes of the int8 kernel and runs 2-3x faster on an AVX-512 CPU.
 torchao reaches the same kernel through a tensor subclass whose dispatch costs tens of
 microseconds per call, which on a small model ate the gain (211 products a token), so
-this module calls the kernel itself, as Int8Linear does for int8.
+this module calls the kernel itself, as Int8Linear does for int8 (placement/packed_linear.py:
+when it runs the kernel and when it widens the weights instead).
 
 Each group of GROUP_SIZE inputs of an output row keeps its own minimum and step (the
 GGUF Q4_1 scheme, whose blocks are 32 wide: weights that came from a Q4_1 file come back
@@ -18,16 +19,14 @@ import functools
 
 import torch
 
+from streamchat.placement.packed_linear import PackedLinear
+
 GROUP_SIZE = 32
 LEVELS = 15  # q in 0..15
 # The kernel's packed layout holds 32 output rows a block: [out / 32, in, 16] bytes, row j of a
 # block in the low nibbles and row 16 + j in the high ones. Prompt chunks widen the weights from
-# it (below), so layers whose outputs are not whole blocks stay as they are.
+# it, so layers whose outputs are not whole blocks stay as they are.
 OUT_BLOCK = 32
-# The kernel scales with rows (it does not reuse weights across them): at 32 rows one product
-# costs about 10 single-row ones. Above this many rows the weights are widened for one float
-# product instead, as a prompt chunk through the unquantized layer would be.
-KERNEL_MAX_ROWS = 16
 
 
 def fits_int4_kernel(linear: torch.nn.Linear) -> bool:
@@ -41,7 +40,7 @@ def packed_layout_is_known() -> bool:
     """Whether this torch packs int4 weights as levels() reads them (checked once, on a small probe)."""
     probe = torch.arange(OUT_BLOCK * 2 * GROUP_SIZE, dtype=torch.int32).reshape(OUT_BLOCK * 2, GROUP_SIZE) % 16
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    return packed.numel() * 2 == probe.numel() and torch.equal(_unpack(packed, *probe.shape), probe)
+    return packed.numel() * 2 == probe.numel() and torch.equal(_unpack(packed, *probe.shape), probe.to(torch.uint8))
 
 
 def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -54,48 +53,33 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return q.reshape(out_features, in_features).to(torch.int32), step, minimum
 
 
-class Int4Linear(torch.nn.Module):
-    """y = x @ dequantized(weight).T + bias, for activations in the dtype the layer was built from."""
+class Int4Linear(PackedLinear):
+    """y = x @ W.T + bias, W = q * step + minimum per group of GROUP_SIZE inputs of an output row."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         q, step, minimum = quantize_groups(linear.weight.detach())
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-        dtype = linear.weight.dtype
         # [groups, out, 2]: (step, minimum + 8 * step) per group and output row, as the kernel reads them.
         pairs = torch.stack([step, minimum + 8 * step], dim=-1).transpose(0, 1)
-        self.register_buffer("scales_and_zeros", pairs.contiguous().to(dtype))
-        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.register_buffer("scales_and_zeros", pairs.contiguous().to(linear.weight.dtype))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        rows = hidden.reshape(-1, self.in_features)  # [batch * seq, in]
-        if rows.shape[0] <= KERNEL_MAX_ROWS:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                rows.contiguous(), self.weight_int4, GROUP_SIZE, self.scales_and_zeros
-            )
-        else:
-            out = rows @ self.widened(rows.dtype).T
-        out = out.reshape(*hidden.shape[:-1], self.out_features)  # [batch, seq, out]
-        return out if self.bias is None else out + self.bias
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.weight_int4, GROUP_SIZE, self.scales_and_zeros)
 
     def levels(self) -> torch.Tensor:
-        """The quantized weights q [out, in] (int32, 0..15), read back from the kernel's packed layout."""
+        """The quantized weights q [out, in] (uint8, 0..15), read back from the kernel's packed layout."""
         return _unpack(self.weight_int4, self.out_features, self.in_features)
 
     def widened(self, dtype: torch.dtype) -> torch.Tensor:
-        """The dequantized weights [out, in] in `dtype`."""
-        step, zero = self.scales_and_zeros.float().unbind(dim=-1)  # [groups, out] each
+        step, zero = self.scales_and_zeros.to(dtype).unbind(dim=-1)  # [groups, out] each
         minimum = zero - 8 * step
-        groups = self.levels().reshape(self.out_features, -1, GROUP_SIZE)  # [out, groups, 32]
-        weight = groups * step.T[..., None] + minimum.T[..., None]
-        return weight.reshape(self.out_features, self.in_features).to(dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        groups = self.levels().reshape(self.out_features, -1, GROUP_SIZE).to(dtype)  # [out, groups, 32]
+        weight = torch.addcmul(minimum.T[..., None], groups, step.T[..., None])
+        return weight.reshape(self.out_features, self.in_features)
 
 
 def _unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     blocks = packed.reshape(out_features // OUT_BLOCK, in_features, OUT_BLOCK // 2)  # [out / 32, in, 16] bytes
     nibbles = torch.cat([blocks & 15, blocks >> 4], dim=-1)  # [out / 32, in, 32]
-    return nibbles.transpose(1, 2).reshape(out_features, in_features).to(torch.int32)
+    return nibbles.transpose(1, 2).reshape(out_features, in_features)
