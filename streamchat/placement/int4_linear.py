@@ -1,7 +1,8 @@
 """Int4Linear: a linear layer with 4-bit weights in groups, computed by aten's CPU int4 kernel.
 
 `torch.ops.aten._weight_int4pack_mm_for_cpu` dequantizes in registers: for one activation
-row it reads half the bytes of the int8 kernel and runs 2-3x faster on an AVX-512 CPU.
+row it reads half the bytes of the int8 kernel (single-thread on an AVX-512 CPU: 60 us against
+205 us for 576 -> 1536, shared/notes/performance.md).
 torchao reaches the same kernel through a tensor subclass whose dispatch costs tens of
 microseconds per call, which on a small model ate the gain (211 products a token), so
 this module calls the kernel itself, as Int8Linear does for int8 (placement/packed_linear.py:
@@ -72,14 +73,20 @@ class Int4Linear(PackedLinear):
         return _unpack(self.weight_int4, self.out_features, self.in_features)
 
     def widened(self, dtype: torch.dtype) -> torch.Tensor:
+        out_features, in_features = self.out_features, self.in_features
+        weight = torch.empty(out_features // OUT_BLOCK, OUT_BLOCK, in_features, dtype=dtype)
+        weight.copy_(_nibbles(self.weight_int4, out_features, in_features).transpose(1, 2))  # the levels, widened
         step, zero = self.scales_and_zeros.to(dtype).unbind(dim=-1)  # [groups, out] each
-        minimum = zero - 8 * step
-        groups = self.levels().reshape(self.out_features, -1, GROUP_SIZE).to(dtype)  # [out, groups, 32]
-        weight = torch.addcmul(minimum.T[..., None], groups, step.T[..., None])
-        return weight.reshape(self.out_features, self.in_features)
+        groups = weight.view(out_features, -1, GROUP_SIZE)  # [out, groups, 32]
+        groups.mul_(step.T[..., None]).add_((zero - 8 * step).T[..., None])  # q * step + minimum, in place
+        return weight.view(out_features, in_features)
+
+
+def _nibbles(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The levels [out / 32, in, 32] (uint8) of the kernel's packed layout."""
+    blocks = packed.view(out_features // OUT_BLOCK, in_features, OUT_BLOCK // 2)  # [out / 32, in, 16] bytes
+    return torch.cat([blocks & 15, blocks >> 4], dim=-1)
 
 
 def _unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    blocks = packed.reshape(out_features // OUT_BLOCK, in_features, OUT_BLOCK // 2)  # [out / 32, in, 16] bytes
-    nibbles = torch.cat([blocks & 15, blocks >> 4], dim=-1)  # [out / 32, in, 32]
-    return nibbles.transpose(1, 2).reshape(out_features, in_features)
+    return _nibbles(packed, out_features, in_features).transpose(1, 2).reshape(out_features, in_features)
