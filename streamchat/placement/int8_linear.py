@@ -41,4 +41,4 @@ class Int8Linear(PackedLinear):
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
     def widened(self, dtype: torch.dtype) -> torch.Tensor:
-        return (self.weight_int8.to(dtype) * self.scales.to(dtype)[:, None]).contiguous()
+        return self.weight_int8.to(dtype) * self.scales.to(dtype)[:, None]

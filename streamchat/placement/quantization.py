@@ -14,8 +14,8 @@ Why these schemes (measured on the CI CPU in eager mode, default model; README, 
   in bfloat16 it flips the default model's greedy answers (no longer Paris for the capital
   of France), so auto keeps int8 for bfloat16 and float16 models. float32 models stay
   unquantized: the kernels' float32 paths are slower than a float32 product on AVX2 CPUs.
-  On CUDA, torchao's tinygemm
-  layout (_weight_int4pack_mm): bfloat16 only, compute capability 8.0 or newer.
+  On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
+  capability 8.0 or newer.
 - int8 on CPU is Int8Linear (aten's _weight_int8pack_mm): torchao's int8 tensor converts
   the whole weight to the activations' dtype on every eager call (slower than bf16), and
   optimum-quanto reaches the same kernel through enough Python to lose most of its gain.
