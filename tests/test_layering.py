@@ -1,6 +1,6 @@
 """The house's floors, read from the imports: no module imports from a floor above its own.
 
-cache < placement < loading < generation < conversation < storage < distributed < interface < measure
+cache < placement < loading < engine < generation < conversation < storage < distributed < interface < measure
 < app, bench, serve < cli < __main__. The app, the
 bench and the server share a floor and import nothing from each other; the cache imports only torch,
 transformers and streamchat.errors.
@@ -21,6 +21,7 @@ FLOORS = [
     {"cache"},
     {"placement"},
     {"loading"},
+    {"engine"},
     {"generation"},
     {"conversation"},
     {"storage"},

@@ -40,9 +40,10 @@ from streamchat.conversation.session_options import SessionOptions, eviction_pol
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
+from streamchat.engine.engine import Engine
 from streamchat.errors import CacheStateError, ConfigError
-from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.decoder import Decoder, StepChannel
+from streamchat.generation.engine_steps import EngineSteps
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -124,9 +125,10 @@ class ChatSession:
     def channel(self) -> StepChannel | None:
         return self.token_loop.channel
 
-    def decode_in(self, batch: DecodeBatch | None) -> None:
-        """Decode replies in `batch`, together with other sessions' over the same model (None: alone)."""
-        self.token_loop.batch = batch
+    def run_in(self, engine: Engine | None) -> None:
+        """Take every forward pass in `engine`'s steps, together with other sessions' over the same model
+        (None: alone)."""
+        self.token_loop.engine = None if engine is None else EngineSteps(engine)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
@@ -326,7 +328,8 @@ class ChatSession:
             # works; unless the conversation was replaced meanwhile (reset, replay, recover).
             if conversation == self._conversation:
                 reply.reason = "interrupted"
-                _drain(self._close(reply, message))
+                with self.token_loop.alone():  # nobody drives the engine's steps for an abandoned reply
+                    _drain(self._close(reply, message))
             raise
         yield from self._close(reply, message)
         stats = reply.stats(prompt_tokens)

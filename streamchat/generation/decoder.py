@@ -176,7 +176,7 @@ class Decoder:
         self._count(settled.on_device)
         return Decoded(settled.token, eviction)
 
-    # ---- the phases of a step, for a batch that feeds several decoders at once (generation/batch.py) ----
+    # ---- the phases of a step, for a batch that feeds several decoders at once (generation/engine_steps.py) ----
 
     def draw(self) -> Settled:
         """Draw the next token from the logits after the last one fed, settled on the host before it is fed."""

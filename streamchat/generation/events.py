@@ -129,8 +129,9 @@ class Compiled:
 
 
 @dataclass(frozen=True)
-class DecodeQueued:
-    """The reply's next token waits for a step its batch runs with other conversations' (streamchat serve)."""
+class StepQueued:
+    """The conversation's next forward pass waits for the engine's step, shared with other conversations'
+    (streamchat serve): whoever drives the conversation moves the others on, then runs the step."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class NotResumed:
 
 Event = (
     TextDelta
-    | DecodeQueued
+    | StepQueued
     | Evicted
     | PromptTruncated
     | PromptSkipped

@@ -14,7 +14,8 @@ and turns every eviction it makes into an Evicted event.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -22,8 +23,8 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
-from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.decoder import Decoder, StepChannel
+from streamchat.generation.engine_steps import EngineSteps
 from streamchat.generation.events import (
     CacheOccupancy,
     Compiled,
@@ -82,8 +83,8 @@ class TokenLoop:
         self.mirror: CacheMirror | None = None
         # Set from outside, a signal handler included: the loop heeds it between two forward passes.
         self.stop_requested = False
-        # Replies decode in this batch, one row among other conversations' (the server's), when set.
-        self.batch: DecodeBatch | None = None
+        # Forward passes go through the engine, in steps shared with other conversations (the server's), when set.
+        self.engine: EngineSteps | None = None
 
     def use_sinks(self, sinks: int) -> None:
         """Keep `sinks` tokens from now on, in a new, empty cache."""
@@ -102,6 +103,15 @@ class TokenLoop:
     def is_whole(self) -> bool:
         """Whether the cache holds what the mirror says: no forward pass was torn off half way."""
         return self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache.stats().used
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Within the block, forward passes run at once, outside the engine (for events nobody drives)."""
+        engine, self.engine = self.engine, None
+        try:
+            yield
+        finally:
+            self.engine = engine
 
     def stop_agreed(self) -> bool:
         """stop() as every rank sees it: the leader's, under tensor parallelism."""
@@ -140,26 +150,26 @@ class TokenLoop:
     ) -> Generator[Event, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         self.decoder.start(logits, reply.settings, sampler)
-        if self.batch is None:
+        if self.engine is None:
             yield from self._decode(reply, message, stop_ids)
             return
         try:
             yield from self._decode(reply, message, stop_ids)
         finally:
-            self.batch.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
+            self.engine.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
 
     def _decode(self, reply: Reply, message: int, stop_ids: frozenset[int]) -> Generator[Event, None, None]:
         settings = reply.settings
         while True:
-            compiling = self.batch is None and self.decoder.will_compile and not self.stop_requested
+            compiling = self.engine is None and self.decoder.will_compile and not self.stop_requested
             if compiling:
                 yield Compiling()
             with out_of_memory_reported(self.device, "generating"):
                 # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
-                if self.batch is None:
+                if self.engine is None:
                     decoded = self.decoder.next(self.stop_requested)
                 else:
-                    decoded = yield from self.batch.next(self.decoder, self.stop_requested)
+                    decoded = yield from self.engine.next(self.decoder, self.stop_requested)
             if decoded is None:
                 break
             if compiling and self.decoder.compile_seconds is not None:
@@ -186,10 +196,15 @@ class TokenLoop:
         start = 0
         for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
             chunk = token_ids[start : start + size]
-            # Never yield inside inference mode: the mode is the thread's, and whoever drives this
-            # generator (the server's worker) runs other conversations' steps between two items.
-            with torch.inference_mode(), out_of_memory_reported(self.device, f"reading {size} tokens"):
-                logits, eviction = forward(self.model, self.cache, torch.tensor([chunk], device=self.device))
+            ids = torch.tensor([chunk], device=self.device)
+            with out_of_memory_reported(self.device, f"reading {size} tokens"):
+                if self.engine is not None:
+                    # Yields while the step waits: outside inference mode, which is the thread's, as the
+                    # driver (the server's worker) runs other conversations between two items.
+                    logits, eviction = yield from self.engine.read(self.cache, ids)
+                else:
+                    with torch.inference_mode():
+                        logits, eviction = forward(self.model, self.cache, ids)
             # The mirror forgets what left before it takes the chunk, as the cache did.
             evicted = self._evicted(eviction) if eviction is not None else None
             self.mirror.append(chunk, message)

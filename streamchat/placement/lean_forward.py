@@ -18,15 +18,22 @@ agree with `model(...)` to rounding and bfloat16 ones within its bounds
 (tests/placement/test_lean_forward.py). Rows of a batch may sit at different positions
 under different masks. It takes the fused layers placement/fusion.py made at load time;
 models without them run their own forward (lean_forward_for gives None).
+
+`ragged` runs one step of tokens from several caches, vLLM's way: the tokens of every
+segment (a batch's decode rows, one token each, or a prompt chunk of one conversation)
+go through the products together, as one [1, tokens, hidden] input that reads each weight
+once, and only attention runs per segment, through its own cache and mask (a chunk
+through the attention the model's own forward calls).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from streamchat.placement.attention import decode_attention, decode_mask
+from streamchat.placement.attention import decode_attention, decode_mask, streamchat_attention_forward
 from streamchat.placement.fusion import FusedProjection, fusable
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
@@ -43,6 +50,16 @@ class _Layer(NamedTuple):
     gate_up: FusedProjection
     down: torch.nn.Module
     layer_type: str  # which of a dict of masks this layer takes
+    attention: torch.nn.Module  # the model's attention module, which transformers' sdpa path reads settings from
+
+
+class Segment(NamedTuple):
+    """Consecutive tokens of a ragged step that attend through one cache."""
+
+    length: int  # how many of the step's tokens
+    cache: Any  # decode rows: a CacheBatch, one token a row; a chunk: the SinkCache of its conversation
+    mask: torch.Tensor | dict[str, torch.Tensor]  # as the cache's step handed it over
+    decode: bool  # one token for each of `length` rows, or one row of `length` tokens
 
 
 class LeanForward:
@@ -72,6 +89,7 @@ class LeanForward:
                 layer.mlp.gate_up_proj,
                 layer.mlp.down_proj,
                 layer_types[index],
+                layer.self_attn,
             )
             for index, layer in enumerate(inner.layers)
         ]
@@ -87,14 +105,10 @@ class LeanForward:
         hidden = self.embed(input_ids)  # [batch, 1, hidden]
         cos, sin = self.rotary(hidden, position_ids)  # [batch, 1, head_dim], the model's dtype
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [batch, 1, 1, head_dim]
-        # Converted once per step, not once per layer.
-        if isinstance(attention_mask, dict):
-            masks = {kind: decode_mask(mask) for kind, mask in attention_mask.items()}
-        else:
-            masks = decode_mask(attention_mask)
+        masks = _each_mask(attention_mask, decode_mask)  # converted once per step, not once per layer
         for layer in self.layers:
             mask = masks[layer.layer_type] if isinstance(masks, dict) else masks
-            query_key, value = self._projections(layer, hidden, batch)
+            query_key, value = self._projections(layer, hidden)
             rotated = query_key * cos + query_key.roll(self.head_dim // 2, dims=-1) * sin
             queries, keys = rotated.split((self.q_heads, self.kv_heads), dim=2)
             keys, values = cache.update(keys.transpose(1, 2), value.transpose(1, 2), layer.index)
@@ -105,12 +119,64 @@ class LeanForward:
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
         return self.head(self._norm(hidden, self.final_norm))
 
-    def _projections(self, layer: _Layer, hidden: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """q and k as [batch, 1, q_heads + kv_heads, head_dim], v as [batch, 1, kv_heads, head_dim]."""
-        fused = layer.qkv.linear(self._norm(hidden, layer.input_norm))  # [batch, 1, (q + 2 kv) * head_dim]
+    def ragged(self, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
+        """Logits [1, outputs, vocab] for input_ids [tokens] at position_ids [tokens], cut into `segments` in order:
+        one output for each decode row and one for each chunk's last token, in the order of the segments."""
+        hidden = self.embed(input_ids)[None]  # [1, tokens, hidden]
+        cos, sin = self.rotary(hidden, position_ids[None])  # [1, tokens, head_dim]
+        cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [1, tokens, 1, head_dim]
+        # A decode segment's masks as decode_attention takes them, converted once per step.
+        masks = [_each_mask(segment.mask, decode_mask) if segment.decode else segment.mask for segment in segments]
+        for layer in self.layers:
+            query_key, value = self._projections(layer, hidden)
+            rotated = query_key * cos + query_key.roll(self.head_dim // 2, dims=-1) * sin
+            queries, keys = rotated.split((self.q_heads, self.kv_heads), dim=2)
+            attended, start = [], 0
+            for segment, mask in zip(segments, masks, strict=True):
+                span = slice(start, start + segment.length)
+                mask = mask[layer.layer_type] if isinstance(mask, dict) else mask
+                attend = self._attend_rows if segment.decode else self._attend_chunk
+                attended.append(attend(layer, segment.cache, queries[:, span], keys[:, span], value[:, span], mask))
+                start += segment.length
+            hidden = hidden + layer.o_proj(torch.cat(attended, dim=1))
+            gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
+            hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
+        last, start = [], 0
+        for segment in segments:
+            start += segment.length
+            last.extend(range(start - segment.length, start) if segment.decode else [start - 1])
+        kept = hidden[:, last] if len(last) < hidden.shape[1] else hidden
+        return self.head(self._norm(kept, self.final_norm))
+
+    def _attend_rows(
+        self, layer: _Layer, cache: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        """Decode rows: queries [1, rows, q_heads, head_dim] -> attended [1, rows, q_heads * head_dim]."""
+        rows = queries.shape[1]
+        # [1, rows, heads, head_dim] -> [rows, heads, 1, head_dim]: a row's token is its own query.
+        keys, values = cache.update(keys[0, :, :, None], values[0, :, :, None], layer.index)
+        attended = decode_attention(queries[0, :, :, None], keys, values, mask, self.scaling)
+        return attended.reshape(1, rows, self.q_heads * self.head_dim)
+
+    def _attend_chunk(
+        self, layer: _Layer, cache: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        """A prompt chunk: queries [1, n, q_heads, head_dim] -> attended [1, n, q_heads * head_dim], through the
+        attention function the model's own forward calls (a chunk of one runs as a decode query)."""
+        length = queries.shape[1]
+        keys, values = cache.update(keys.transpose(1, 2), values.transpose(1, 2), layer.index)
+        attended, _ = streamchat_attention_forward(
+            layer.attention, queries.transpose(1, 2), keys, values, mask, dropout=0.0, scaling=self.scaling
+        )
+        return attended.reshape(1, length, self.q_heads * self.head_dim)
+
+    def _projections(self, layer: _Layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k as [batch, n, q_heads + kv_heads, head_dim], v as [batch, n, kv_heads, head_dim]."""
+        batch, length = hidden.shape[:2]
+        fused = layer.qkv.linear(self._norm(hidden, layer.input_norm))  # [batch, n, (q + 2 kv) * head_dim]
         split = (self.q_heads + self.kv_heads) * self.head_dim
-        query_key = fused[..., :split].reshape(batch, 1, self.q_heads + self.kv_heads, self.head_dim)
-        value = fused[..., split:].reshape(batch, 1, self.kv_heads, self.head_dim)
+        query_key = fused[..., :split].reshape(batch, length, self.q_heads + self.kv_heads, self.head_dim)
+        value = fused[..., split:].reshape(batch, length, self.kv_heads, self.head_dim)
         return query_key, value
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -118,6 +184,11 @@ class LeanForward:
         wide = hidden.float()
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * wide.to(hidden.dtype)
+
+
+def _each_mask(mask: Any, convert: Any) -> Any:
+    """`convert` applied to a mask, or to each of a dict of masks."""
+    return {kind: convert(each) for kind, each in mask.items()} if isinstance(mask, dict) else convert(mask)
 
 
 def _signed(sin: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat.conversation.state import ConversationState
+from streamchat.engine.engine import Engine
 from streamchat.errors import SessionFileError
-from streamchat.generation.batch import DecodeBatch
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.interface.sessions import restored, save_state
 from streamchat.serve.matching import ConversationIndex, is_session_id
@@ -60,7 +60,7 @@ class Served:
     key: StateKey | None  # what this run's cache states are valid for; None: none written or read
     sessions: Path  # the journals' directory (data_dir()/sessions)
     cache_layout: dict[str, object]  # keep and window, for each journal's header
-    batch: DecodeBatch | None = None  # where every session's replies decode together; None: each alone
+    engine: Engine | None = None  # where every session's forward passes run together; None: each alone
     reply_tokens_limit: int | None = None  # the most tokens any reply may have, whatever a request asks
 
 
@@ -246,7 +246,7 @@ class ConversationPool:
 
     def _new_session(self) -> ChatSession:
         session = self.served.new_session()
-        session.decode_in(self.served.batch)
+        session.run_in(self.served.engine)
         return session
 
     def _restore(

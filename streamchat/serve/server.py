@@ -15,8 +15,8 @@ from types import FrameType
 
 import uvicorn
 
+from streamchat.engine.engine import Engine
 from streamchat.errors import ConfigError
-from streamchat.generation.batch import DecodeBatch
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
 from streamchat.interface.safe_text import safe_text
@@ -52,7 +52,7 @@ def run_server(
             key=state_key(config, loaded),
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},
-            batch=DecodeBatch(loaded.model),
+            engine=Engine(loaded.model),
             reply_tokens_limit=max_tokens_limit or config.window,
         )
         pool = ConversationPool(served, max_conversations)

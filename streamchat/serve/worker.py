@@ -1,10 +1,11 @@
 """The one thread that owns the model: it runs every request's turn, a step of each in turn.
 
-Requests hand it their turns (streamchat.serve.turn); it takes one step of each (a prompt
-chunk, a replayed message, a reply token queued) round-robin, then feeds every queued reply
-token in one batched forward pass (streamchat.generation.batch), so concurrent replies cost
-little more than one, and a long reply never holds another conversation's first token back
-by more than a step or a chunk. Each item a turn yields goes
+Requests hand it their turns (streamchat.serve.turn). Each round it moves every turn on to
+its next forward pass (a prompt chunk, a replayed message, a reply token), which it queues
+in the engine, then runs the engine's step (streamchat.engine): every reply's next token and
+the prompt chunks a token budget allows, in one forward pass, so concurrent replies cost
+little more than one, and a new message is read in the pass that decodes the others. Each
+item a turn yields goes
 to its request through `deliver` (the request's asyncio queue, via call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
 (the request gets 429). A turn whose client left while it waited for a live session ends
@@ -93,9 +94,9 @@ class Worker:
                 if self._closing:
                     self.stop_all()
                 waiting = [self._step(job, items) for job, items in active]
-                batch = self.pool.served.batch
-                if batch is not None and batch.ready():
-                    batch.run()  # every reply that queued a token this round, in one forward pass
+                engine = self.pool.served.engine
+                if engine is not None and engine.has_work():
+                    engine.step()  # what the turns queued this round, in one forward pass
                 active = [pair for pair, state in zip(active, waiting, strict=True) if state is not None]
                 if active and all(waiting):
                     with self._condition:
@@ -105,7 +106,7 @@ class Worker:
 
     def _step(self, job: Job, items: Iterator[object]) -> bool | None:
         """One step of `job` (its items delivered on the way): True when it waits for a session, False when
-        it worked or queued its next token for the batch, None when it ended."""
+        it worked or queued its next forward pass in the engine, None when it ended."""
         while True:
             try:
                 item = next(items)

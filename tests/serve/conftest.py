@@ -24,7 +24,7 @@ import torch
 import uvicorn
 
 from streamchat.conversation.session import ChatSession, SessionOptions
-from streamchat.generation.batch import DecodeBatch
+from streamchat.engine.engine import Engine
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
@@ -110,7 +110,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             key=KEY,
             sessions=sessions,
             cache_layout={"keep": 4, "window": window},
-            batch=DecodeBatch(model) if batched else None,
+            engine=Engine(model) if batched else None,
             reply_tokens_limit=reply_tokens_limit,
         )
         pool = ConversationPool(served, max_conversations)

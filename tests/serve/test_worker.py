@@ -30,9 +30,10 @@ def test_four_concurrent_conversations_each_equal_to_itself_served_alone(start_s
     assert got == expected
     assert len({tuple(replies) for replies in expected}) == 4  # four different conversations
     assert len(together.pool.conversations) == 4
-    batch = together.pool.served.batch
-    assert batch.rows_fed > batch.steps  # replies were decoded together, several rows a step
-    assert batch.members == []  # every reply left the batch when it ended
+    engine = together.pool.served.engine
+    assert engine.rows_fed > engine.steps  # replies were decoded together, several rows a step
+    assert engine.chunk_tokens > 0  # and the prompts read in the engine's steps
+    assert engine.runner.members == []  # every reply left the decode pool when it ended
 
 
 def test_concurrent_streams_with_their_own_seeds_and_evictions_equal_each_served_alone(start_server, endless) -> None:
@@ -67,8 +68,8 @@ def test_concurrent_streams_with_their_own_seeds_and_evictions_equal_each_served
         got = list(threads.map(lambda index: streamed(together, index), range(5)))
     assert got == expected
     assert len({tuple(replies) for replies in expected}) == 5
-    batch = together.pool.served.batch
-    assert batch.rows_fed > batch.steps
+    engine = together.pool.served.engine
+    assert engine.rows_fed > engine.steps
 
 
 def test_a_long_reply_does_not_hold_another_conversation_back(start_server, endless) -> None:

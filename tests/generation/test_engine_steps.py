@@ -1,4 +1,5 @@
-"""Replies decoded in a batch equal the same replies decoded alone, row by row: tokens, caches, sampling."""
+"""Replies decoded in the engine's shared steps equal the same replies decoded alone, row by row: tokens, caches,
+sampling."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import cache_state
-from streamchat.generation.batch import DecodeBatch
+from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.events import DecodeQueued
+from streamchat.generation.engine_steps import EngineSteps
+from streamchat.generation.events import StepQueued
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
@@ -41,30 +43,33 @@ class Conversation:
     def alone(self) -> list[int]:
         return [self.decoder.next().token for _ in range(self.count)]
 
-    def in_batch(self, batch: DecodeBatch) -> Generator[DecodeQueued, None, None]:
+    def in_engine(self, steps: EngineSteps) -> Generator[StepQueued, None, None]:
         try:
             for _ in range(self.count):
-                decoded = yield from batch.next(self.decoder)
+                decoded = yield from steps.next(self.decoder)
                 self.tokens.append(decoded.token)
         finally:
-            batch.leave(self.decoder)
+            steps.leave(self.decoder)
 
 
-def run_rounds(batch: DecodeBatch, conversations: list[Conversation]) -> int:
-    """The server's worker in small: each round, every reply up to its next token, then the batched step."""
+def run_rounds(engine: Engine, conversations: list[Conversation]) -> int:
+    """The server's worker in small: each round, every reply up to its next token, then the engine's step;
+    the most rows one step fed."""
+    steps = EngineSteps(engine)
     running, waiting, widest = [], sorted(conversations, key=lambda c: c.joins), 0
     rounds = 0
     while running or waiting:
         while waiting and waiting[0].joins <= rounds:
-            running.append(waiting.pop(0).in_batch(batch))
+            running.append(waiting.pop(0).in_engine(steps))
         for reply in list(running):
             try:
                 next(reply)
             except StopIteration:
                 running.remove(reply)
-        if batch.ready():
-            widest = max(widest, len(batch._queued))
-            batch.run()
+        if engine.has_work():
+            fed = engine.rows_fed
+            engine.step()
+            widest = max(widest, engine.rows_fed - fed)
         rounds += 1
     return widest
 
@@ -93,13 +98,13 @@ def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, se
     if model_type.endswith("-fused"):
         model = copy.deepcopy(model)  # fusing works in place; tiny_model's models are shared
         fuse_projections(model)
-        assert DecodeBatch(model)._lean is not None
+        assert Engine(model).runner.lean is not None
     alone = [conversation.alone() for conversation in conversations(model, settings)]
     batched = conversations(model, settings)
-    batch = DecodeBatch(model)
-    widest = run_rounds(batch, batched)
+    engine = Engine(model)
+    widest = run_rounds(engine, batched)
     assert widest == 5  # every row decoded together at some point
-    assert batch.members == [] and batch.steps < sum(c.count for c in batched)
+    assert engine.runner.members == [] and engine.steps < sum(c.count for c in batched)
     assert [conversation.tokens for conversation in batched] == alone
     assert len({tuple(tokens) for tokens in alone}) == len(alone)  # five different streams
     assert all(conversation.cache.stats().evicted > 0 for conversation in batched)
@@ -111,8 +116,7 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
     for conversation in alone:
         conversation.alone()
     batched = conversations(model, SAMPLED)
-    batch = DecodeBatch(model)
-    run_rounds(batch, batched)
+    run_rounds(Engine(model), batched)
     for one, other in zip(alone, batched, strict=True):
         mine, theirs = cache_state(one.cache), cache_state(other.cache)
         assert mine.keys() == theirs.keys()
@@ -123,16 +127,6 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
     # ... and each goes on decoding alone exactly as the one never batched
     for one, other in zip(alone, batched, strict=True):
         assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
-
-
-def test_fixed_rows_pad_a_step_to_a_power_of_two_without_changing_any_row():
-    model = tiny_model("llama")
-    alone = [conversation.alone() for conversation in conversations(model, GREEDY)]
-    batched = conversations(model, GREEDY)
-    batch = DecodeBatch(model, fixed_rows=True)
-    run_rounds(batch, batched)
-    assert [conversation.tokens for conversation in batched] == alone
-    assert batch.caches._keys[0].shape[0] == 8  # five rows run as a bucket of eight
 
 
 def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
@@ -151,19 +145,20 @@ def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_res
     for one in alone:
         for question in questions:
             list(one.chat(question))
-    batch = DecodeBatch(model)
+    engine = Engine(model)
     batched = [session(system) for system in systems]
     for one in batched:
-        one.decode_in(batch)
+        one.run_in(engine)
     for question in questions:
         turns = [one.chat(question) for one in batched]
         while turns:
             for turn in list(turns):
                 if next(turn, None) is None:
                     turns.remove(turn)
-            if batch.ready():
-                batch.run()
-    assert batch.rows_fed > batch.steps and batch.members == []
+            if engine.has_work():
+                engine.step()
+    assert engine.rows_fed > engine.steps and engine.runner.members == []
+    assert engine.chunk_tokens > 0  # the prompts were read in the engine's steps too
     for one, other in zip(alone, batched, strict=True):
         mine, theirs = one.snapshot(), other.snapshot()
         assert theirs.messages == mine.messages and theirs.tensors is not None

@@ -1,0 +1,105 @@
+"""The one place a step's work meets the model: decode rows and prompt chunks in one forward pass.
+
+    runner = Runner(model)
+    outcomes = runner.run(scheduled)     # a Fed for each ticket, in scheduled.tickets' order
+    runner.leave(cache)                  # a reply ended: its cache owns its storage again
+
+Decode rows feed through the pool of streamchat.cache.batch (each cache a row of one
+allocation, its own ledgers planning its step); each prompt chunk through its own cache's
+step. Where the model has the lean forward (placement/lean_forward.py, the llama family
+fused at load), all of them run as one ragged pass: the products read every weight once
+for the whole step. Other models run the decode rows in one pass and each chunk in its own,
+through the model's forward: the same results, more weight reads.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from streamchat.cache.batch import BatchStep, CacheBatch
+from streamchat.cache.sink_cache import SinkCache, Step
+from streamchat.engine.scheduler import Scheduled
+from streamchat.engine.work import Fed
+from streamchat.placement.lean_forward import Segment, lean_forward_for
+
+
+class Runner:
+    """Runs scheduled steps over one model."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.lean = lean_forward_for(model)
+        self.pool = CacheBatch()
+
+    @property
+    def members(self) -> list[SinkCache]:
+        """The caches in the decode pool, in row order."""
+        return self.pool.members
+
+    def run(self, scheduled: Scheduled) -> list[Fed]:
+        """Feed every scheduled piece of work; what each got, in `scheduled.tickets`' order."""
+        rows = [ticket.work for ticket in scheduled.rows]
+        chunks = [ticket.work for ticket in scheduled.chunks]
+        with torch.inference_mode(), ExitStack() as opened:
+            for row in rows:
+                self.pool.join(row.cache)  # a no-op for a member; a joiner takes the next row
+            decode = opened.enter_context(self.pool.decode_step([row.token for row in rows])) if rows else None
+            reads = [opened.enter_context(chunk.cache.step(chunk.ids)) for chunk in chunks]
+            if self.lean is not None:
+                logits = self._ragged(decode, [chunk.ids for chunk in chunks], reads, [c.cache for c in chunks])
+            else:
+                logits = self._each(decode, [chunk.ids for chunk in chunks], reads, [c.cache for c in chunks])
+        evictions = [*(decode.evictions if decode is not None else []), *(read.eviction for read in reads)]
+        return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
+
+    def leave(self, cache: SinkCache) -> None:
+        """`cache` left the decode pool (its reply ended), between steps."""
+        with torch.inference_mode():
+            self.pool.leave(cache)
+
+    def _ragged(
+        self, decode: BatchStep | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
+    ) -> torch.Tensor:
+        """One lean pass over every row and chunk: logits [outputs, vocab]."""
+        tokens, positions, segments = [], [], []
+        if decode is not None:
+            rows = len(self.pool.members)  # no padding rows: the pool has no fixed row count here
+            tokens.append(decode.input_ids[:rows, 0])
+            positions.append(decode.inputs.position_ids[:rows, 0])
+            segments.append(Segment(rows, self.pool, decode.inputs.attention_mask, decode=True))
+        for chunk, read, cache in zip(ids, reads, caches, strict=True):
+            tokens.append(chunk[0])
+            positions.append(read.inputs.position_ids[0])
+            segments.append(Segment(chunk.shape[-1], cache, read.inputs.attention_mask, decode=False))
+        return self.lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
+
+    def _each(
+        self, decode: BatchStep | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
+    ) -> torch.Tensor:
+        """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
+        logits = []
+        if decode is not None:
+            inputs = decode.inputs
+            out = self.model(
+                input_ids=decode.input_ids,
+                cache=self.pool,
+                position_ids=inputs.position_ids,
+                attention_mask=inputs.attention_mask,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits  # [rows, 1, vocab]
+            logits.append(out[: len(self.pool.members), -1])
+        for chunk, read, cache in zip(ids, reads, caches, strict=True):
+            out = self.model(
+                input_ids=chunk,
+                cache=cache,
+                position_ids=read.inputs.position_ids,
+                attention_mask=read.inputs.attention_mask,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits  # [1, 1, vocab]
+            logits.append(out[:, -1])
+        return torch.cat(logits)

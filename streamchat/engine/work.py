@@ -1,0 +1,74 @@
+"""What a conversation asks of the engine for its next step, and what it gets back.
+
+    DecodeRow(cache, token)     a reply's next token [1]: one row of the batched decode
+    PromptChunk(cache, ids)     prompt tokens [1, n]: read into the cache in one piece
+    Fed(logits, eviction)       the logits after the work's last token [1, 1, vocab], what it evicted
+
+A conversation has at most one piece of work queued at a time: it needs the logits of
+one to know the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from streamchat.cache import SinkCache
+from streamchat.cache.ledger import Eviction
+
+
+@dataclass(eq=False)
+class DecodeRow:
+    """One token to feed through a cache whose sinks are full (a row of the pooled decode step)."""
+
+    cache: SinkCache
+    token: torch.Tensor  # [1], on the model's device
+
+    @property
+    def tokens(self) -> int:
+        return 1
+
+
+@dataclass(eq=False)
+class PromptChunk:
+    """Tokens to read through a cache in one forward pass, cut where the conversation cut them."""
+
+    cache: SinkCache
+    ids: torch.Tensor  # [1, n], on the model's device
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.shape[-1]
+
+
+Work = DecodeRow | PromptChunk
+
+
+class Fed(NamedTuple):
+    """A piece of work done: the logits after its last token, and what making room for it evicted."""
+
+    logits: torch.Tensor  # [1, 1, vocab]
+    eviction: Eviction | None
+
+
+class Ticket:
+    """Where a piece of work's outcome lands once a step ran it: Fed, or the failure of its step."""
+
+    def __init__(self, work: Work) -> None:
+        self.work = work
+        self._outcome: Fed | BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def settle(self, outcome: Fed | BaseException) -> None:
+        self._outcome = outcome
+
+    def result(self) -> Fed:
+        """What the step gave; raises the step's failure (out of memory, a bug) in whoever waits for it."""
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome

@@ -1,0 +1,65 @@
+"""A conversation's forward passes, taken by the engine in steps shared with other conversations.
+
+    steps = EngineSteps(engine)
+    # in the conversation's token loop, when its session runs in the engine (streamchat serve):
+    decoded = yield from steps.next(decoder, stop_requested)   # StepQueued until the step that fed it ran
+    fed = yield from steps.read(cache, ids)                     # a prompt chunk, the same way
+    steps.leave(decoder)                                        # its reply ended
+    # whoever drives the conversations (the server's worker), after each round:
+    engine.step()
+
+Each row draws its own token, from its own logits, with its own settings and seeded
+sampler, exactly as its Decoder does alone; the engine only feeds the tokens together
+(streamchat.engine). A conversation yields StepQueued while its work waits, so whoever
+drives it can move every other conversation up to its next piece of work before the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import torch
+
+from streamchat.cache import SinkCache
+from streamchat.engine.engine import Engine
+from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
+from streamchat.generation.decoder import Decoded, Decoder
+from streamchat.generation.events import StepQueued
+
+
+class EngineSteps:
+    """What a token loop hands the engine, and how it waits for the step that runs it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def next(self, decoder: Decoder, stop_requested: bool = False) -> Generator[StepQueued, None, Decoded | None]:
+        """Decoder.next() in the engine: the token drawn and fed (StepQueued until then); None on stop()."""
+        if stop_requested:
+            return None
+        settled = decoder.draw()
+        decoder.checkpoint()  # what take_back() returns to: the cache as it is before the step
+        if decoder.cache.ledger.sinks_full:
+            fed = yield from self._wait(DecodeRow(decoder.cache, settled.on_device))
+        else:  # a conversation shorter than its sinks: its token is a chunk of one (a decode row needs them full)
+            fed = yield from self._wait(PromptChunk(decoder.cache, settled.on_device.reshape(1, 1)))
+        decoder.fed(fed.logits)
+        return Decoded(settled.token, fed.eviction)
+
+    def read(self, cache: SinkCache, ids: torch.Tensor) -> Generator[StepQueued, None, Fed]:
+        """Read prompt tokens ids [1, n] into `cache` in one step's pass; the logits after them."""
+        return (yield from self._wait(PromptChunk(cache, ids)))
+
+    def leave(self, decoder: Decoder) -> None:
+        """`decoder`'s reply ended (or its turn was abandoned): its row leaves the pool, between steps."""
+        self.engine.leave(decoder.cache)
+
+    def _wait(self, work: Work) -> Generator[StepQueued, None, Fed]:
+        ticket = self.engine.queue(work)
+        try:
+            while not ticket.done:
+                yield StepQueued()
+        finally:
+            if not ticket.done:  # abandoned while queued: the step must not feed it behind its back
+                self.engine.withdraw(ticket)
+        return ticket.result()

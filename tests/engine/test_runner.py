@@ -1,0 +1,92 @@
+"""One step's rows and chunks in one forward pass give what each gives read alone (float32), and the caches
+hold the same: through the lean ragged pass (fused llama-family models) and the model's own forward (others)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from streamchat.cache import SinkCache, forward, prefill_chunks
+from streamchat.cache.batch import CacheBatch
+from streamchat.cache.snapshots import cache_state
+from streamchat.engine.runner import Runner
+from streamchat.engine.scheduler import Scheduled
+from streamchat.engine.work import DecodeRow, PromptChunk, Ticket
+from streamchat.placement.fusion import fuse_projections
+from tests.support.models import VOCAB, tiny_model
+
+WINDOW = 40
+
+
+def model_for(name: str) -> torch.nn.Module:
+    model = tiny_model(name.removesuffix("-fused"))
+    if name.endswith("-fused"):
+        model = copy.deepcopy(model)  # fusing works in place; tiny_model's models are shared
+        fuse_projections(model)
+    return model
+
+
+def ids(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, count), generator=torch.Generator().manual_seed(seed))
+
+
+def caches(model, prompts: list[int]) -> list[SinkCache]:
+    """A cache per conversation, its prompt read (different sinks and lengths: different positions)."""
+    made = []
+    for index, length in enumerate(prompts):
+        cache = SinkCache.for_model(model, 3 + index, WINDOW)
+        for _ in prefill_chunks(model, cache, ids(length, index), WINDOW):
+            pass
+        made.append(cache)
+    return made
+
+
+@pytest.mark.parametrize("name", ["llama-fused", "qwen2-fused", "gemma2", "llama"])
+def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(name):
+    # gemma2 has sliding layers beside the sink layers; the fused models run the ragged lean pass
+    model = model_for(name)
+    runner = Runner(model)
+    assert (runner.lean is not None) == name.endswith("-fused")
+    # two replies decoding (one of them evicting), one conversation reading a chunk, one its first
+    mixed = caches(model, [12, 44, 9, 0])
+    alone = [copy.deepcopy(cache) for cache in mixed]
+    tokens = [torch.tensor([5]), torch.tensor([7])]
+    chunk, first = ids(17, 10), ids(6, 11)
+
+    scheduled = Scheduled(
+        rows=[Ticket(DecodeRow(cache, token)) for cache, token in zip(mixed[:2], tokens, strict=True)],
+        chunks=[Ticket(PromptChunk(mixed[2], chunk)), Ticket(PromptChunk(mixed[3], first))],
+    )
+    outcomes = runner.run(scheduled)
+    for cache in mixed[:2]:
+        runner.leave(cache)
+
+    pool = CacheBatch()
+    for cache in alone[:2]:
+        pool.join(cache)
+    with pool.decode_step(tokens) as step:
+        rows = model(
+            input_ids=step.input_ids,
+            cache=pool,
+            position_ids=step.inputs.position_ids,
+            attention_mask=step.inputs.attention_mask,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits  # [2, 1, vocab]
+    for cache in alone[:2]:
+        pool.leave(cache)
+    expected = [rows[0:1], rows[1:2], forward(model, alone[2], chunk).logits, forward(model, alone[3], first).logits]
+
+    assert [outcome.logits.shape for outcome in outcomes] == [(1, 1, VOCAB)] * 4
+    for outcome, logits in zip(outcomes, expected, strict=True):
+        torch.testing.assert_close(outcome.logits, logits, rtol=0, atol=1e-5)
+        assert outcome.logits.argmax() == logits.argmax()
+    assert outcomes[1].eviction is not None and outcomes[1].eviction.count == 1  # its sinks and window were full
+    assert [outcome.eviction for outcome in outcomes[::2]] == [None, None]
+    for one, other in zip(alone, mixed, strict=True):
+        mine, theirs = cache_state(one), cache_state(other)
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            torch.testing.assert_close(theirs[key], mine[key], rtol=0, atol=1e-5, msg=key)
