@@ -64,12 +64,14 @@ class Runner:
         self, decode: BatchStep | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
     ) -> torch.Tensor:
         """One lean pass over every row and chunk: logits [outputs, vocab]."""
+        if not ids:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
+            inputs = decode.inputs
+            return self.lean(decode.input_ids, inputs.position_ids, inputs.attention_mask, self.pool)[:, -1]
         tokens, positions, segments = [], [], []
         if decode is not None:
-            rows = len(self.pool.members)  # no padding rows: the pool has no fixed row count here
-            tokens.append(decode.input_ids[:rows, 0])
-            positions.append(decode.inputs.position_ids[:rows, 0])
-            segments.append(Segment(rows, self.pool, decode.inputs.attention_mask, decode=True))
+            tokens.append(decode.input_ids[:, 0])  # [rows]: the pool has no padding rows here (no fixed_rows)
+            positions.append(decode.inputs.position_ids[:, 0])
+            segments.append(Segment(len(tokens[0]), self.pool, decode.inputs.attention_mask, decode=True))
         for chunk, read, cache in zip(ids, reads, caches, strict=True):
             tokens.append(chunk[0])
             positions.append(read.inputs.position_ids[0])
@@ -91,7 +93,7 @@ class Runner:
                 use_cache=True,
                 logits_to_keep=1,
             ).logits  # [rows, 1, vocab]
-            logits.append(out[: len(self.pool.members), -1])
+            logits.append(out[:, -1])
         for chunk, read, cache in zip(ids, reads, caches, strict=True):
             out = self.model(
                 input_ids=chunk,

@@ -138,7 +138,7 @@ class LeanForward:
                 attend = self._attend_rows if segment.decode else self._attend_chunk
                 attended.append(attend(layer, segment.cache, queries[:, span], keys[:, span], value[:, span], mask))
                 start += segment.length
-            hidden = hidden + layer.o_proj(torch.cat(attended, dim=1))
+            hidden = hidden + layer.o_proj(attended[0] if len(attended) == 1 else torch.cat(attended, dim=1))
             gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
         last, start = [], 0
