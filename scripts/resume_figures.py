@@ -28,9 +28,9 @@ import torch
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.generation.events import Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
-from streamchat.interface.sessions import restored, save_state, state_key
 from streamchat.interface.transcript import UserTurn, read_transcript_file
 from streamchat.loading import LoadOptions, load_model
+from streamchat.sessions.keeping import restored, save_state, state_key
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import read_session
 

@@ -109,9 +109,11 @@ PPL_CHUNK = 64
 # speed: tokens streamed before each measurement, and decode steps timed per policy at each.
 SPEED_CHECKPOINTS = (1000, 2000, 4000, 8000, 10_000, 16_000, 32_000, 64_000)
 SPEED_STEPS = 9
-# keep: user turns streamed through a small window before the last probe for the system prompt's fact.
+# keep: user turns streamed through a small window before the last probe for the system prompt's fact, and the
+# longest generated reply.
 KEEP_BENCH_TURNS = 40
 KEEP_BENCH_WINDOW = 256
+KEEP_BENCH_REPLY_TOKENS = 96
 # recall: facts stated, the window they are evicted from, the longest filler reply, the turn timed.
 RECALL_BENCH_FACTS = 10
 RECALL_BENCH_WINDOW = 256
@@ -122,6 +124,16 @@ PPL_KEEP = 60
 # display: replies per side (the median of each side counts), and tokens per reply.
 DISPLAY_TRIALS = 5
 DISPLAY_MAX_NEW_TOKENS = 96
+# decode: tokens per reply, and replies per row (the median counts).
+DECODE_BENCH_TOKENS = 64
+DECODE_BENCH_TRIALS = 5
+# serve: conversations side by side (a row per value), user turns in each, the most tokens per reply,
+# llama.cpp's context per conversation, and the seconds each row may run.
+SERVE_BENCH_CONVERSATIONS = (1, 2, 4)
+SERVE_BENCH_TURNS = 40
+SERVE_BENCH_MAX_NEW_TOKENS = 64
+SERVE_BENCH_N_CTX = 2048
+SERVE_BENCH_TIME_LIMIT_SECONDS = 3600
 
 # Tensor parallelism (`--tp`, streamchat/distributed): how long a rank waits for the others to
 # start (machines started by hand, one after another), how long it waits on them inside one

@@ -1,7 +1,7 @@
 """The house's floors, read from the imports: no module imports from a floor above its own.
 
-cache < placement < loading < engine < generation < conversation < storage < distributed < interface < measure
-< app, bench, serve < cli < __main__. The app, the
+cache < placement < loading < engine < generation < conversation < storage < distributed < interface
+< sessions < measure < app, bench, serve < cli < __main__. The app, the
 bench and the server share a floor and import nothing from each other; the cache imports only torch,
 transformers and streamchat.errors.
 """
@@ -27,6 +27,7 @@ FLOORS = [
     {"storage"},
     {"distributed"},
     {"interface"},
+    {"sessions"},
     {"measure"},
     {"app", "bench", "serve"},
     {"cli"},

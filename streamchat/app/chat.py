@@ -24,9 +24,9 @@ from streamchat.conversation.calls import Conversation
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line, turns_text
-from streamchat.interface.sessions import save_state
 from streamchat.interface.signals import Interrupted, termination_deferred
 from streamchat.interface.status import first_words, status_figures
+from streamchat.sessions.keeping import save_state
 from streamchat.storage.cache_file import StateKey
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import save_session

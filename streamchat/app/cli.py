@@ -40,10 +40,10 @@ from streamchat.interface.options import (
 )
 from streamchat.interface.reporting import reported_errors, stderr
 from streamchat.interface.safe_text import safe_text
-from streamchat.interface.sessions import data_dir
 from streamchat.interface.tables import print_table
 from streamchat.interface.transcript import OUTPUT_FORMATS, TRANSCRIPT_FORMATS, TURN_SPLITS
 from streamchat.loading.catalog import model_catalog
+from streamchat.sessions.keeping import data_dir
 from streamchat.storage.session_file import list_sessions
 
 stdout = Console(highlight=False, emoji=False)

@@ -26,10 +26,11 @@ from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.display import ChatDisplay
 from streamchat.interface.reporting import notify, reported_errors, stderr, watched_note
 from streamchat.interface.safe_text import safe_text
-from streamchat.interface.sessions import data_dir, save_state, session_for, state_key
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 from streamchat.placement.quantization import precision_label
+from streamchat.sessions.building import session_for
+from streamchat.sessions.keeping import data_dir, save_state, state_key
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples

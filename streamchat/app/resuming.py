@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from streamchat.errors import ConfigError
 from streamchat.interface.config import replaced
-from streamchat.interface.sessions import data_dir, restored
+from streamchat.sessions.keeping import data_dir, restored
 from streamchat.storage.cache_file import StateKey, saved_key, state_path
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session, saved_layout

@@ -102,7 +102,7 @@ def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOpti
     from streamchat.distributed.follower import follow
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
-    from streamchat.interface.sessions import session_for
+    from streamchat.sessions.building import session_for
 
     lockstep = Lockstep(group)
     config = _shared_config(config, lockstep)

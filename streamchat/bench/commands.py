@@ -1,24 +1,22 @@
 """`streamchat bench ppl|speed|keep|recall|display|decode|serve`: the Typer sub-app (mounted as `bench`).
 
-The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come
-from the environment and the config file. Each command prints a table and the target
-checks, and writes CSV files (and, for ppl and speed, a PNG plot) into --out. torch,
-transformers and matplotlib load only once a command runs.
+Each command declares its options and its steps, sizes -> measure -> report, which bench/runner.py runs and
+saves. The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come from the
+environment and the config file. Each command prints a table and the target checks, and writes CSV files (and,
+for most, a PNG plot) into --out. torch, transformers and matplotlib load only once a command runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from streamchat import defaults
-from streamchat.errors import ConfigError
-from streamchat.interface.config import RunConfig, load_options, load_run_config
+from streamchat.bench import options
+from streamchat.bench.runner import Report, ReportTable, run_bench
+from streamchat.interface.config import load_options
 from streamchat.interface.options import (
     Command,
     DeviceOption,
@@ -29,14 +27,9 @@ from streamchat.interface.options import (
     QuantizeOption,
     TpOption,
 )
-from streamchat.interface.reporting import notify, reported_errors, stderr
-from streamchat.measure.report import print_report, save_results
+from streamchat.interface.reporting import reported_errors, stderr
+from streamchat.measure.models import ModelChoice, device_type
 from streamchat.measure.sizes import sizes_for
-from streamchat.placement.quantization import precision_label
-
-if TYPE_CHECKING:
-    from streamchat.loading import LoadedModel
-    from streamchat.measure.models import BenchModel
 
 bench_app = typer.Typer(
     name="bench",
@@ -48,62 +41,23 @@ bench_app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-OutOption = Annotated[Path, typer.Option("--out", help="Directory for the CSV files and the plot.", metavar="DIR")]
-QuickOption = Annotated[
-    bool, typer.Option("--quick", help="Toy sizes that finish in seconds; options given still apply. A smoke test.")
-]
-
-
-def _size(help_text: str, default: object, *names: str, metavar: str = "N") -> Any:
-    """An option that falls back to the full size (or the --quick one) when not given."""
-    return typer.Option(*names, help=f"{help_text} \\[default: {default}]", show_default=False, metavar=metavar)
-
-
-def _keep(default: int) -> Any:
-    """The first tokens the streaming cache keeps forever, spelled as `run --keep N`; --sinks is its earlier name."""
-    return _size("First tokens kept forever (attention sinks), as `run --keep N`.", default, "--keep", "--sinks")
-
-
-WINDOW_HELP = "Recent tokens kept in the rolling window."
-
 
 @bench_app.command(cls=Command)
 def ppl(
-    text: Annotated[
-        Path, typer.Option(help="A long UTF-8 text, e.g. a Gutenberg novel.", show_default=False, metavar="FILE")
-    ],
-    start_at: Annotated[
-        str | None,
-        typer.Option(
-            "--from",
-            help="Start scoring where this text first appears (skip a book's front matter).",
-            show_default=False,
-            metavar="TEXT",
-        ),
-    ] = None,
-    tokens: Annotated[int | None, _size("Tokens of the text to score.", defaults.PPL_TOKENS)] = None,
-    keep: Annotated[int | None, _keep(defaults.PPL_SINKS)] = None,
-    window: Annotated[int | None, _size(WINDOW_HELP, defaults.PPL_WINDOW)] = None,
-    chunk: Annotated[
-        int | None, _size("Tokens per forward pass for window, recompute and streaming.", defaults.PPL_CHUNK)
-    ] = None,
-    policies: Annotated[
-        str | None, _size(f"Comma-separated, from {','.join(defaults.BENCH_POLICIES)}.", "all", metavar="LIST")
-    ] = None,
-    longer_keep: Annotated[
-        int | None,
-        _size(
-            "The keep policy's kept prefix (first tokens, a system turn's worth), in a cache as large as "
-            "--keep + --window. It was --keep here before; --keep now means streaming's kept tokens, as for `run`.",
-            defaults.PPL_KEEP,
-        ),
-    ] = None,
+    text: options.TextOption,
+    start_at: options.FromOption = None,
+    tokens: options.PplTokensOption = None,
+    keep: options.PplKeepOption = None,
+    window: options.PplWindowOption = None,
+    chunk: options.ChunkOption = None,
+    policies: options.PoliciesOption = None,
+    longer_keep: options.LongerKeepOption = None,
     model: ModelOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
 ) -> None:
     """Perplexity of a long text under dense, window, recompute, streaming and keep caches (the paper's Figure 3).
 
@@ -115,72 +69,44 @@ def ppl(
     The keep policy's prefix, which --keep set here before, is --longer-keep.
     """
     from streamchat.bench import ppl as bench
-    from streamchat.measure.memory import out_of_memory_errors
 
-    with reported_errors():
-        given = {"tokens": tokens, "sinks": keep, "window": window, "chunk": chunk, "longer_keep": longer_keep}
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
-        chosen = bench.parse_policies(policies)
-        if "keep" in chosen:
+    def measure(sizes: bench.PplSizes) -> Report:
+        chosen_policies = bench.parse_policies(policies)
+        if "keep" in chosen_policies:
             bench.require_keep_fits(sizes)
         content = bench.read_text(text, start_at)
-        loaded = _load(_configured(model, device, dtype, quantize))
+        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
-        with out_of_memory_errors("--tokens or --window"):
-            runs = bench.run_policies(loaded.model, ids, chosen, sizes, stderr)
-        columns, rows = bench.summary_columns(sizes), bench.summary_rows(runs, sizes)
+        runs = bench.run_policies(loaded.model, ids, chosen_policies, sizes, stderr)
+        rows = bench.summary_rows(runs, sizes)
         title = (
-            f"Perplexity: {escape(loaded.source.name)} ({_precision(loaded)}) on {escape(text.name)}, "
+            f"Perplexity: {escape(loaded.name)} ({loaded.precision}) on {escape(text.name)}, "
             f"{sizes.tokens:,} tokens, "
             f"cache {sizes.sinks}+{sizes.window}, chunk {sizes.chunk} (dense {bench.DENSE_CHUNK})"
         )
-        print_report(_stdout(), title, columns, rows, bench.checks(rows))
-        save_results(
-            out,
-            {
-                "ppl.csv": ([column.key for column in columns], rows),
-                "ppl-curve.csv": (bench.curve_columns(runs), bench.curve_rows(runs, sizes.bucket)),
-            },
+        return Report(
+            [ReportTable("ppl.csv", title, bench.summary_columns(sizes), rows, bench.checks(rows))],
+            {"ppl-curve.csv": (bench.curve_columns(runs), bench.curve_rows(runs, sizes.bucket))},
             {"ppl.png": bench.draw_curves(runs, sizes, bench.training_context_of(loaded.model))},
-            console=_stdout(),
-            notes=stderr,
         )
 
-
-RandomInitOption = Annotated[
-    str | None,
-    typer.Option(
-        "--random-init",
-        metavar="CONFIG",
-        help="Random weights in a known shape instead of --model: a preset (llama-2-7b, llama-2-13b, smollm2-1.7b, "
-        "llama-3.2-1b, smollm2-135m, tiny), a config.json, or a transformers model type. No download.",
-        show_default=False,
-    ),
-]
+    given = {"tokens": tokens, "sinks": keep, "window": window, "chunk": chunk, "longer_keep": longer_keep}
+    run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, **given), measure, "--tokens or --window")
 
 
 @bench_app.command(cls=Command)
 def speed(
     model: ModelOption = None,
-    random_init: RandomInitOption = None,
-    keep: Annotated[int | None, _keep(defaults.SINKS)] = None,
-    window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
-    checkpoints: Annotated[
-        str | None,
-        _size(
-            "Tokens streamed before each measurement, comma-separated.",
-            ",".join(map(str, defaults.SPEED_CHECKPOINTS)),
-            metavar="LIST",
-        ),
-    ] = None,
-    steps: Annotated[
-        int | None, _size("Decode steps timed per policy at each checkpoint.", defaults.SPEED_STEPS)
-    ] = None,
+    random_init: options.RandomInitOption = None,
+    keep: options.ChatKeepOption = None,
+    window: options.ChatWindowOption = None,
+    checkpoints: options.CheckpointsOption = None,
+    steps: options.StepsOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
     tp: TpOption = None,
 ) -> None:
     """Per-token decode latency and peak memory of streaming, dense and recompute, as a session grows.
@@ -189,62 +115,57 @@ def speed(
     With --tp N: decode ms/token of one reply, the model sharded over N processes, against one process.
     """
     from streamchat.bench import speed as bench
-    from streamchat.measure.memory import out_of_memory_errors
 
+    choice = ModelChoice(model, device, dtype, quantize, random_init)
     if tp is not None:
-        from streamchat.bench.tensor_parallel import tp_speed
-        from streamchat.loading import load_model
+        raise typer.Exit(_tp_speed(tp, choice, window, steps))
 
-        with reported_errors():
-            config = _configured(model, device, dtype, quantize, random_init)
-            options = load_options(config)
-            steps = steps or defaults.TP_BENCH_STEPS
-            code = tp_speed(tp, options, window or defaults.WINDOW, steps, load_model, stderr.print, random_init)
-        raise typer.Exit(code)
-
-    with reported_errors():
+    def sizes() -> bench.SpeedSizes:
         given = {"sinks": keep, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
-        # Building random weights can run out of memory too (--random-init llama-2-13b on a small machine).
-        with out_of_memory_errors("--window"):
-            chosen = _bench_model(_configured(model, device, dtype, quantize, random_init), random_init)
-            measurements, memory_kind = bench.run_speed(
-                chosen.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
-            )
+        return sizes_for(quick, bench.FULL, bench.QUICK, **given)
+
+    def measure(sizes: bench.SpeedSizes) -> Report:
+        subject = choice.bench_model()
+        measurements, memory_kind = bench.run_speed(
+            subject.model, sizes, on_measurement=lambda measured: stderr.print(bench.describe(measured))
+        )
         title = (
-            f"Decode speed: {escape(chosen.name)} on {chosen.device.type} ({_precision(chosen)}), "
+            f"Decode speed: {escape(subject.name)} on {subject.device.type} ({subject.precision}), "
             f"cache {sizes.sinks}+{sizes.window}, median of {sizes.steps} steps"
         )
-        columns, rows = bench.columns(), bench.rows(measurements)
-        print_report(_stdout(), title, columns, rows, bench.checks(measurements, sizes), bench.caption(memory_kind))
-        save_results(
-            out,
-            {"speed.csv": ([column.key for column in columns], rows)},
-            {"speed.png": bench.draw_speed(measurements, sizes, memory_kind)},
-            console=_stdout(),
-            notes=stderr,
+        checks, caption = bench.checks(measurements, sizes), bench.caption(memory_kind)
+        return Report(
+            [ReportTable("speed.csv", title, bench.columns(), bench.rows(measurements), checks, caption)],
+            plots={"speed.png": bench.draw_speed(measurements, sizes, memory_kind)},
+        )
+
+    run_bench(out, sizes, measure, "--window")
+
+
+def _tp_speed(world_size: str, choice: ModelChoice, window: int | None, steps: int | None) -> int:
+    """`bench speed --tp N`: one reply's decode speed, sharded over N processes, against one; the exit code."""
+    from streamchat.bench.tensor_parallel import tp_speed
+    from streamchat.loading import load_model
+
+    with reported_errors():
+        loading, steps = load_options(choice.config()), steps or defaults.TP_BENCH_STEPS
+        return tp_speed(
+            world_size, loading, window or defaults.WINDOW, steps, load_model, stderr.print, choice.random_init
         )
 
 
 @bench_app.command(cls=Command)
 def keep(
-    transcript: Annotated[
-        Path,
-        typer.Option(
-            help="User turns to stream: MT-bench's questions, JSONL chat lines or plain lines (as `run` reads them).",
-            show_default=False,
-            metavar="FILE",
-        ),
-    ],
-    turns: Annotated[int | None, _size("User turns streamed before the last probe.", defaults.KEEP_BENCH_TURNS)] = None,
-    window: Annotated[int | None, _size(WINDOW_HELP, defaults.KEEP_BENCH_WINDOW)] = None,
-    reply_tokens: Annotated[int | None, _size("Longest generated reply.", 96)] = None,
+    transcript: options.TranscriptOption,
+    turns: options.KeepTurnsOption = None,
+    window: options.KeepWindowOption = None,
+    reply_tokens: options.KeepReplyTokensOption = None,
     model: ModelOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
 ) -> None:
     """After a long chat, does the model still know its system prompt's secret? --keep system against --keep 4.
 
@@ -252,170 +173,130 @@ def keep(
     """
     from streamchat.bench import keep as bench
     from streamchat.interface.transcript import UserTurn, read_transcript_file
-    from streamchat.measure.memory import out_of_memory_errors
 
-    with reported_errors():
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, turns=turns, window=window, reply_tokens=reply_tokens)
+    def measure(sizes: bench.KeepSizes) -> Report:
         items = read_transcript_file(str(transcript), transcript_format="auto", turns="line")
         texts = bench.user_turns((item.text for item in items if isinstance(item, UserTurn)), sizes.turns)
-        loaded = _load(_configured(model, device, dtype, quantize))
-        with out_of_memory_errors("--window"):
-            conversation = bench.generate_conversation(
-                loaded.model,
-                loaded.tokenizer,
-                texts,
-                sizes,
-                on_turn=lambda number: stderr.print(f"generated reply {number}/{sizes.turns}", highlight=False),
-            )
-            runs = []
-            for policy in bench.POLICIES:
-                runs.append(bench.read_with(loaded.model, loaded.tokenizer, conversation, policy, sizes.window))
-                stderr.print(f"--keep {policy}: read in {runs[-1].seconds:.1f} s", highlight=False)
+        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
+        conversation = bench.generate_conversation(
+            loaded.model,
+            loaded.tokenizer,
+            texts,
+            sizes,
+            on_turn=lambda number: stderr.print(f"generated reply {number}/{sizes.turns}", highlight=False),
+        )
+        runs = []
+        for policy in bench.POLICIES:
+            runs.append(bench.read_with(loaded.model, loaded.tokenizer, conversation, policy, sizes.window))
+            stderr.print(f"--keep {policy}: read in {runs[-1].seconds:.1f} s", highlight=False)
         title = (
-            f"Secret word: {escape(loaded.source.name)}, {sizes.turns} turns of {escape(transcript.name)} "
+            f"Secret word: {escape(loaded.name)}, {sizes.turns} turns of {escape(transcript.name)} "
             f"through a {sizes.window}-token window, mean log-probability per answer token"
         )
-        columns, rows = bench.columns(sizes), bench.rows(runs)
-        print_report(_stdout(), title, columns, rows, bench.checks(runs))
-        save_results(
-            out,
-            {
-                "keep.csv": ([column.key for column in columns], rows),
-                "keep-curve.csv": (bench.curve_columns(), bench.curve_rows(runs)),
-            },
+        return Report(
+            [ReportTable("keep.csv", title, bench.columns(sizes), bench.rows(runs), bench.checks(runs))],
+            {"keep-curve.csv": (bench.curve_columns(), bench.curve_rows(runs))},
             {"keep.png": bench.draw_curves(runs)},
-            console=_stdout(),
-            notes=stderr,
         )
+
+    given = {"turns": turns, "window": window, "reply_tokens": reply_tokens}
+    run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, **given), measure, "--window")
 
 
 @bench_app.command(cls=Command)
 def recall(
-    window: Annotated[int | None, _size(WINDOW_HELP, defaults.RECALL_BENCH_WINDOW)] = None,
-    reply_tokens: Annotated[
-        int | None, _size("Longest generated filler reply.", defaults.RECALL_BENCH_REPLY_TOKENS)
-    ] = None,
-    facts: Annotated[int | None, _size("Facts stated (of those shipped).", defaults.RECALL_BENCH_FACTS)] = None,
-    filler: Annotated[
-        Path | None,
-        typer.Option(
-            help="MT-bench's question.jsonl for the filler turns, when there is one; else the questions shipped.",
-            show_default=False,
-            metavar="FILE",
-        ),
-    ] = None,
+    window: options.RecallWindowOption = None,
+    reply_tokens: options.RecallReplyTokensOption = None,
+    facts: options.FactsOption = None,
+    filler: options.FillerOption = None,
     model: ModelOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
 ) -> None:
     """Facts stated early, evicted by filler turns, asked for again: recall off, recall on, and in the window.
 
     Defaults: 10 facts, a 256-token window, filler until every fact has left it; time to first token at turn 100.
     """
     from streamchat.bench import recall as bench
-    from streamchat.measure.memory import out_of_memory_errors
 
-    with reported_errors():
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, window=window, reply_tokens=reply_tokens, facts=facts)
+    def measure(sizes: bench.RecallSizes) -> Report:
         shipped, distractors = bench.shipped_facts()
         chosen, distractors = shipped[: sizes.facts], distractors[: sizes.distractors]
         questions = bench.filler_questions(filler)
-        loaded = _load(_configured(model, device, dtype, quantize))
-        with out_of_memory_errors("--window"):
-            run = bench.RecallBench(
-                loaded.model, loaded.tokenizer, sizes, on_step=lambda step: stderr.print(step, highlight=False)
-            )
-            results, others = run.run(chosen, distractors, questions)
-            replies = [message["content"] for message in run.session.transcript[1::2]][len(chosen) :]
-            turn, ttft_off, ttft_on = run.time_to_first_token(chosen, questions, replies or ["Noted."])
-        costs = bench.Costs(
-            turn, ttft_off, ttft_on, bench.search_costs(chosen, questions, replies or ["Noted."], sizes)
+        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
+        run = bench.RecallBench(
+            loaded.model, loaded.tokenizer, sizes, on_step=lambda step: stderr.print(step, highlight=False)
         )
+        results, others = run.run(chosen, distractors, questions)
+        replies = [message["content"] for message in run.session.transcript[1::2]][len(chosen) :] or ["Noted."]
+        turn, ttft_off, ttft_on = run.time_to_first_token(chosen, questions, replies)
+        costs = bench.Costs(turn, ttft_off, ttft_on, bench.search_costs(chosen, questions, replies, sizes))
         title = (
-            f"Recall: {escape(loaded.source.name)}, {len(chosen)} facts through a {sizes.window}-token window, "
+            f"Recall: {escape(loaded.name)}, {len(chosen)} facts through a {sizes.window}-token window, "
             "mean log-probability per answer token"
         )
-        columns, rows = bench.columns(), bench.rows(results, others)
-        print_report(_stdout(), title, columns, rows, [])
-        print_report(
-            _stdout(),
-            "Recall: cost",
-            bench.cost_columns(),
-            bench.cost_rows(costs),
-            bench.checks(results, others, costs),
+        checks = bench.checks(results, others, costs)
+        return Report(
+            [
+                ReportTable("recall.csv", title, bench.columns(), bench.rows(results, others)),
+                ReportTable("recall-cost.csv", "Recall: cost", bench.cost_columns(), bench.cost_rows(costs), checks),
+            ],
+            plots={"recall.png": bench.draw(results, costs)},
         )
-        save_results(
-            out,
-            {
-                "recall.csv": ([column.key for column in columns], rows),
-                "recall-cost.csv": ([column.key for column in bench.cost_columns()], bench.cost_rows(costs)),
-            },
-            {"recall.png": bench.draw(results, costs)},
-            console=_stdout(),
-            notes=stderr,
-        )
+
+    given = {"window": window, "reply_tokens": reply_tokens, "facts": facts}
+    run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, **given), measure, "--window")
 
 
 @bench_app.command(cls=Command)
 def display(
     model: ModelOption = None,
-    trials: Annotated[
-        int, typer.Option(help="Replies per side (the median counts).", metavar="N")
-    ] = defaults.DISPLAY_TRIALS,
-    max_new_tokens: Annotated[
-        int, typer.Option(help="Tokens per reply.", metavar="N")
-    ] = defaults.DISPLAY_MAX_NEW_TOKENS,
-    window: Annotated[
-        int | None, _size(f"{WINDOW_HELP} As for `run`, also from the environment and config file.", defaults.WINDOW)
-    ] = None,
+    trials: options.DisplayTrialsOption = defaults.DISPLAY_TRIALS,
+    max_new_tokens: options.DisplayTokensOption = defaults.DISPLAY_MAX_NEW_TOKENS,
+    window: options.DisplayWindowOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
+    out: options.OutOption = options.DEFAULT_OUT,
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
     from streamchat.bench import display_overhead as bench
-    from streamchat.measure.memory import out_of_memory_errors
 
-    with reported_errors():
-        config = _configured(model, device, dtype, quantize, window=window)
-        sizes = bench.DisplaySizes(trials=trials, max_new_tokens=max_new_tokens, window=config.window)
-        loaded = _load(config)
-        with out_of_memory_errors("--window or --max-new-tokens"):
-            result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
-        columns, rows = bench.columns(), bench.rows(result)
+    choice = ModelChoice(model, device, dtype, quantize)
+
+    def sizes() -> bench.DisplaySizes:
+        # No --quick sizes to fall back on; the window as `run` reads it (also the environment, the config file).
+        return bench.DisplaySizes(trials, max_new_tokens, window=choice.config(window=window).window)
+
+    def measure(sizes: bench.DisplaySizes) -> Report:
+        loaded = choice.bench_model()
+        result = bench.measure_display_overhead(loaded.model, loaded.tokenizer, sizes)
         title = (
-            f"Display overhead: {escape(loaded.source.name)}, cache {sizes.sinks}+{sizes.window}, "
+            f"Display overhead: {escape(loaded.name)}, cache {sizes.sinks}+{sizes.window}, "
             f"{max_new_tokens} tokens per reply, alternating"
         )
-        print_report(_stdout(), title, columns, rows, bench.checks(result))
-        save_results(
-            out, {"display.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
-        )
+        return Report([ReportTable("display.csv", title, bench.columns(), bench.rows(result), bench.checks(result))])
+
+    run_bench(out, sizes, measure, "--window or --max-new-tokens")
 
 
 @bench_app.command(cls=Command)
 def decode(
     model: ModelOption = None,
-    random_init: RandomInitOption = None,
-    max_new_tokens: Annotated[int | None, _size("Tokens per reply.", 64)] = None,
-    trials: Annotated[int | None, _size("Replies per row (the median counts).", 5)] = None,
-    window: Annotated[int | None, _size(WINDOW_HELP, defaults.WINDOW)] = None,
-    full_cache: Annotated[
-        bool, typer.Option("--full-cache", help="Fill the cache before the reply: every step reads the whole window.")
-    ] = False,
-    compiled: Annotated[
-        bool,
-        typer.Option("--compiled/--no-compiled", help="Also time the compiled decode step (compiles first, untimed)."),
-    ] = True,
+    random_init: options.RandomInitOption = None,
+    max_new_tokens: options.DecodeTokensOption = None,
+    trials: options.DecodeTrialsOption = None,
+    window: options.ChatWindowOption = None,
+    full_cache: options.FullCacheOption = False,
+    compiled: options.CompiledOption = True,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
 ) -> None:
     """Decode speed of streamchat, eager and compiled, against transformers' generate(), llama.cpp and the limit.
 
@@ -426,85 +307,60 @@ def decode(
     """
     from streamchat.bench import decode as bench
     from streamchat.loading.conversion import use_compile_cache
-    from streamchat.measure.memory import out_of_memory_errors
 
-    with reported_errors():
-        given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window}
-        sizes = dataclasses.replace(sizes_for(quick, bench.FULL, bench.QUICK, **given), full_cache=full_cache)
-        config = _configured(model, device, dtype, quantize, random_init)
+    choice = ModelChoice(model, device, dtype, quantize, random_init)
+
+    def measure(sizes: bench.DecodeSizes) -> Report:
+        config = choice.config()
         setting = bench.run_defaults(config.dtype, config.quantize)
-        device_type = _device_type(config.device)
+        where = device_type(config.device)
         use_compile_cache()
-
-        def subject_for(chosen: bench.Setting) -> bench.Subject:
-            loaded = _bench_model(
-                dataclasses.replace(config, dtype=chosen.dtype, quantize=chosen.quantize), random_init
-            )
-            tokenizer = getattr(loaded, "tokenizer", None)
-            if full_cache or tokenizer is None:
-                ids = bench.filling_ids(loaded.model, sizes)
-            else:
-                ids = bench.prompt_ids(tokenizer, loaded.device)
-            return bench.Subject(loaded.model, ids, _precision(loaded))
-
         gguf = None
-        if random_init is None and device_type == "cpu":
+        if random_init is None and where == "cpu":
             gguf, reason = bench.llama_cpp_gguf(config.model)
             if gguf is None:
                 stderr.print(reason, markup=False)
-        with out_of_memory_errors("--window or --max-new-tokens"):
-            rows = bench.measure(setting, sizes, subject_for, device_type, compiled, gguf)
+
+        def subject_for(asked: bench.Setting) -> bench.Subject:
+            loaded = choice.bench_model(dataclasses.replace(config, dtype=asked.dtype, quantize=asked.quantize))
+            # Random weights have no tokenizer, so no chat prompt: a cache-filling one instead.
+            if sizes.full_cache or loaded.tokenizer is None:
+                ids = bench.filling_ids(loaded.model, sizes)
+            else:
+                ids = bench.prompt_ids(loaded.tokenizer, loaded.device)
+            return bench.Subject(loaded.model, ids, loaded.precision)
+
+        rows = bench.measure(setting, sizes, subject_for, where, compiled, gguf)
         name = f"random {random_init}" if random_init else config.model
         title = (
-            f"Decode speed: {escape(name)} on {device_type}, greedy, {sizes.max_new_tokens} tokens per reply, "
+            f"Decode speed: {escape(name)} on {where}, greedy, {sizes.max_new_tokens} tokens per reply, "
             f"cache {sizes.sinks}+{sizes.window}{' full' if full_cache else ''}, median of {sizes.trials}"
         )
-        columns = bench.columns()
         caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
-        checks = bench.checks(rows, setting.label, device_type)
-        print_report(_stdout(), title, columns, rows, checks, caption)
-        save_results(
-            out, {"decode.csv": ([column.key for column in columns], rows)}, {}, console=_stdout(), notes=stderr
-        )
+        checks = bench.checks(rows, setting.label, where)
+        return Report([ReportTable("decode.csv", title, bench.columns(), rows, checks, caption)])
+
+    given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window, "full_cache": full_cache}
+    run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, **given), measure, "--window or --max-new-tokens")
 
 
 @bench_app.command(cls=Command)
 def serve(
-    conversations: Annotated[
-        str | None, _size("Conversations side by side, comma-separated: a row per value.", "1,2,4", metavar="LIST")
-    ] = None,
-    turns: Annotated[int | None, _size("User turns per conversation.", 40)] = None,
-    max_new_tokens: Annotated[int | None, _size("Most tokens per reply (max_tokens).", 64)] = None,
-    window: Annotated[
-        int | None,
-        _size(
-            "Recent tokens streamchat's cache keeps, as `serve --window`; also from the environment and config file.",
-            f"{defaults.WINDOW}",
-        ),
-    ] = None,
-    n_ctx: Annotated[int | None, _size("llama.cpp's context per conversation, in tokens.", 2048)] = None,
-    llama_server: Annotated[
-        Path | None,
-        typer.Option(
-            "--llama-server",
-            help="A llama.cpp `llama-server` binary to run instead of llama-cpp-python's server.",
-            show_default=False,
-            metavar="PATH",
-        ),
-    ] = None,
-    context_shift: Annotated[
-        bool, typer.Option("--context-shift", help="Start llama-server with --context-shift (past n_ctx: shift).")
-    ] = False,
-    time_limit: Annotated[
-        int | None, _size("Seconds each row may run; turns not sent by then are errors.", 3600)
-    ] = None,
+    conversations: options.ConversationsOption = None,
+    turns: options.ServeTurnsOption = None,
+    max_new_tokens: options.MaxTokensOption = None,
+    window: options.ServeWindowOption = None,
+    n_ctx: options.NCtxOption = None,
+    llama_server: options.LlamaServerOption = None,
+    context_shift: options.ContextShiftOption = False,
+    time_limit: options.TimeLimitOption = None,
     model: ModelOption = None,
     keep: KeepOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
-    out: OutOption = Path(defaults.BENCH_OUT_DIR),
-    quick: QuickOption = False,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
 ) -> None:
     """The HTTP API as clients use it: C conversations of T turns, the whole history resent every turn.
 
@@ -516,7 +372,7 @@ def serve(
     """
     from streamchat.bench import serve as bench
 
-    with reported_errors():
+    def sizes() -> bench.ServeSizes:
         given = {
             "conversations": bench.parse_conversations(conversations),
             "turns": turns,
@@ -525,8 +381,10 @@ def serve(
             "n_ctx": n_ctx,
             "time_limit": time_limit,
         }
-        sizes = sizes_for(quick, bench.FULL, bench.QUICK, **given)
-        config = _configured(model, device, dtype, quantize, keep=keep, window=sizes.window)
+        return sizes_for(quick, bench.FULL, bench.QUICK, **given)
+
+    def measure(sizes: bench.ServeSizes) -> Report:
+        config = ModelChoice(model, device, dtype, quantize).config(keep=keep, window=sizes.window)
         model_options = bench.serve_options(
             model=model, keep=keep, window=sizes.window, device=device, dtype=dtype, quantize=quantize
         )
@@ -543,65 +401,11 @@ def serve(
             f"early: turns {bench.EARLY_TURNS.start}-{bench.EARLY_TURNS.stop - 1}; late: the last "
             f"{bench.LATE_TURNS}; read = prompt_tokens - cached_tokens, as the server reports them"
         )
-        columns = bench.columns()
-        print_report(_stdout(), title, columns, rows, [], caption)
-        save_results(
-            out,
-            {
-                "serve.csv": ([column.key for column in columns], rows),
-                "serve-requests.csv": (bench.REQUEST_COLUMNS, requests),
-            },
+        return Report(
+            [ReportTable("serve.csv", title, bench.columns(), rows, caption=caption)],
+            {"serve-requests.csv": (bench.REQUEST_COLUMNS, requests)},
             {"serve-ttft.png": bench.draw_ttft(requests)},
-            console=_stdout(),
-            notes=stderr,
         )
 
-
-def _device_type(device: str) -> str:
-    """ "cpu" or "cuda": where the rows ran (device "auto" settles at load time)."""
-    from streamchat.placement.device import choose_device, detect_accelerators
-
-    return choose_device(device, detect_accelerators()).split(":")[0]
-
-
-# ---- shared steps ---------------------------------------------------------------------------
-
-
-def _stdout() -> Console:
-    # Made per use, not at import, so the width follows the terminal (or COLUMNS) of this run.
-    return Console(highlight=False, emoji=False)
-
-
-def _configured(
-    model: str | None,
-    device: str | None,
-    dtype: str | None,
-    quantize: str | None,
-    random_init: str | None = None,
-    **more: object,
-) -> RunConfig:
-    """The model options as `run` takes them: the command line's, else the environment's, the file's, the defaults."""
-    if model is not None and random_init is not None:
-        raise ConfigError("--model and --random-init exclude each other: give one")
-    return load_run_config({"model": model, "device": device, "dtype": dtype, "quantize": quantize, **more})
-
-
-def _load(config: RunConfig) -> LoadedModel:
-    from streamchat.loading import load_model
-
-    return load_model(load_options(config), notify=notify)
-
-
-def _precision(loaded: LoadedModel | BenchModel) -> str:
-    return precision_label(loaded.dtype, loaded.quantization)
-
-
-def _bench_model(config: RunConfig, random_init: str | None) -> BenchModel:
-    from streamchat.measure.models import BenchModel, random_model
-
-    if random_init is not None:
-        return random_model(random_init, config.device, config.dtype, config.quantize)
-    loaded = _load(config)
-    return BenchModel(
-        loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
-    )
+    # The servers run in processes of their own: an allocation failure there is theirs to report.
+    run_bench(out, sizes, measure, smaller=None)

@@ -71,7 +71,7 @@ class DecodeSizes:
         require_at_least("--trials", self.trials, 1)
 
 
-FULL = DecodeSizes(max_new_tokens=64, trials=5)
+FULL = DecodeSizes(max_new_tokens=defaults.DECODE_BENCH_TOKENS, trials=defaults.DECODE_BENCH_TRIALS)
 QUICK = DecodeSizes(max_new_tokens=6, trials=1, window=60)
 
 

@@ -63,7 +63,9 @@ class KeepSizes:
         require_at_least("--reply-tokens", self.reply_tokens, 1)
 
 
-FULL = KeepSizes(turns=defaults.KEEP_BENCH_TURNS, window=defaults.KEEP_BENCH_WINDOW, reply_tokens=96)
+FULL = KeepSizes(
+    turns=defaults.KEEP_BENCH_TURNS, window=defaults.KEEP_BENCH_WINDOW, reply_tokens=defaults.KEEP_BENCH_REPLY_TOKENS
+)
 QUICK = KeepSizes(turns=3, window=64, reply_tokens=12)
 
 

@@ -51,7 +51,7 @@ class ServeSizes:
     window: int | None = None  # streamchat's; None: as `serve` resolves it
     start_timeout: float = 300.0  # seconds for a server to answer its health check
     request_timeout: float = 300.0
-    time_limit: float = 3600.0  # per row
+    time_limit: float = defaults.SERVE_BENCH_TIME_LIMIT_SECONDS  # per row
 
     def __post_init__(self) -> None:
         if not self.conversations:
@@ -64,7 +64,12 @@ class ServeSizes:
         require_at_least("--time-limit", int(self.time_limit), 1)
 
 
-FULL = ServeSizes(conversations=(1, 2, 4), turns=40, max_new_tokens=64, n_ctx=2048)
+FULL = ServeSizes(
+    conversations=defaults.SERVE_BENCH_CONVERSATIONS,
+    turns=defaults.SERVE_BENCH_TURNS,
+    max_new_tokens=defaults.SERVE_BENCH_MAX_NEW_TOKENS,
+    n_ctx=defaults.SERVE_BENCH_N_CTX,
+)
 QUICK = ServeSizes(
     conversations=(2,), turns=3, max_new_tokens=8, n_ctx=512, window=96, start_timeout=60, request_timeout=30
 )

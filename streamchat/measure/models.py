@@ -1,5 +1,7 @@
 """The model a benchmark runs: a loaded one (--model), or random weights in a known shape (--random-init).
 
+ModelChoice reads the model options as `run` does and gives either; BenchModel is what a bench measures.
+
 Decode speed depends on a model's shape, not on its weights, so `--random-init llama-2-7b`
 measures the paper's model on a GPU with no download and no hub account.
 """
@@ -12,6 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamchat.errors import ConfigError
+from streamchat.interface.config import RunConfig, load_options, load_run_config
+from streamchat.interface.reporting import notify
+from streamchat.placement.quantization import precision_label
 
 if TYPE_CHECKING:
     import torch
@@ -122,6 +127,43 @@ class BenchModel:
     quantization: str = "none"
     tokenizer: Any = None  # a loaded model's; random weights have none
 
+    @property
+    def precision(self) -> str:
+        """What a title says the weights run in: "float32", "bfloat16 int8"."""
+        return precision_label(self.dtype, self.quantization)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model options a bench was given, read as `run` reads them: the command line's, else the environment's,
+    the config file's, the defaults."""
+
+    model: str | None
+    device: str | None
+    dtype: str | None
+    quantize: str | None
+    random_init: str | None = None  # a --random-init spec: random weights in a known shape instead of --model
+
+    def config(self, **more: object) -> RunConfig:
+        """The run configuration, with `more` options as given (None: from the environment, the file, defaults)."""
+        if self.model is not None and self.random_init is not None:
+            raise ConfigError("--model and --random-init exclude each other: give one")
+        given = {"model": self.model, "device": self.device, "dtype": self.dtype, "quantize": self.quantize}
+        return load_run_config({**given, **more})
+
+    def bench_model(self, config: RunConfig | None = None) -> BenchModel:
+        """--random-init's weights, else the model --model names, loaded as `run` loads it; `config` may ask for
+        another dtype or quantization."""
+        from streamchat.loading import load_model
+
+        config = config or self.config()
+        if self.random_init is not None:
+            return random_model(self.random_init, config.device, config.dtype, config.quantize)
+        loaded = load_model(load_options(config), notify=notify)
+        return BenchModel(
+            loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
+        )
+
 
 def random_config(spec: str) -> PreTrainedConfig:
     """A preset name, a config.json (or a directory holding one), or a transformers model type."""
@@ -168,6 +210,13 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
     model.eval()
     quantize_model(model, quantization)
     return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
+
+
+def device_type(device: str) -> str:
+    """ "cpu" or "cuda": where a model placed on `device` runs ("auto" settles as loading will settle it)."""
+    from streamchat.placement.device import choose_device, detect_accelerators
+
+    return choose_device(device, detect_accelerators()).split(":")[0]
 
 
 def _read_config(path: Path, spec: str) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import NotResumed, Replayed
-from streamchat.interface.sessions import restored, save_state
 from streamchat.serve.matching import ConversationIndex, is_session_id
 from streamchat.serve.openai_api import ApiError, Message
+from streamchat.sessions.keeping import restored, save_state
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, read_session
 

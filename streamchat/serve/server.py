@@ -20,11 +20,12 @@ from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
 from streamchat.interface.safe_text import safe_text
-from streamchat.interface.sessions import data_dir, session_for, state_key
 from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
 from streamchat.serve.pool import ConversationPool, Served
 from streamchat.serve.worker import Worker
+from streamchat.sessions.building import session_for
+from streamchat.sessions.keeping import data_dir, state_key
 
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 

@@ -1,13 +1,13 @@
-"""What a run's conversations are built from and kept in, for every face that holds them (the chat, a server).
+"""Where a run's conversations are kept, and their cache states saved beside them and brought back.
 
-data_dir()                   prompt history and saved sessions ($STREAMCHAT_DATA_DIR, else the user data dir)
-session_for(config, loaded)  the ChatSession a RunConfig asks for, over a loaded model
-state_key(config, loaded)    what a cache state saved by this run is valid for
+data_dir()                    prompt history and saved sessions ($STREAMCHAT_DATA_DIR, else the user data dir)
+state_key(config, loaded)     what a cache state saved by this run is valid for
+restored(session, saved, ...) a conversation made the saved one: exactly from its cache state, else replayed
+save_state(session, path, key) the cache state written beside the session file
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +22,6 @@ from streamchat.storage.session_file import SavedSession
 
 if TYPE_CHECKING:
     from streamchat.conversation.calls import Conversation
-    from streamchat.conversation.session import ChatSession
-    from streamchat.generation.decoder import StepChannel
     from streamchat.generation.events import Event
     from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
@@ -37,33 +35,6 @@ def data_dir() -> Path:
         if configured
         else Path(platformdirs.user_data_dir(defaults.APP_NAME, appauthor=False))
     )
-
-
-def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | None = None) -> ChatSession:
-    """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
-    from streamchat.conversation.session import ChatSession, SessionOptions
-    from streamchat.generation.decoder import compile_backend
-    from streamchat.generation.settings import GenerationSettings
-
-    settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
-    given = {option.name: getattr(config, option.name) for option in dataclasses.fields(GenerationSettings)}
-    overrides = {name: value for name, value in given.items() if value is not None}
-    options = SessionOptions(
-        keep=config.keep,
-        window=config.window,
-        eviction=config.eviction,
-        recall=config.recall,
-        read_all=config.read_all,
-        system_prompt=config.system,
-        settings=dataclasses.replace(settings, **overrides),
-        compile_backend=compile_backend(config.compile, loaded.device),
-        channel=channel,
-    )
-    if options.compile_backend is not None:
-        from streamchat.loading.conversion import use_compile_cache
-
-        use_compile_cache()
-    return ChatSession(loaded.model, loaded.tokenizer, options)
 
 
 def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
