@@ -128,7 +128,8 @@ class ChatApp:
                 display.table("settings", session.options())
             case commands.Set(key=key, value=value):
                 session.update_settings(**parse_option(key, value))  # the text typed, parsed once
-                display.notice(f"{key} = {dict(session.options())[key]}")
+                shown = dict(session.options())  # recall is not among them: session files do not keep it
+                display.notice(f"{key} = {shown.get(key, value)}")
             case commands.Save(path=None):
                 self.record()
                 where = self.journal.path
