@@ -21,6 +21,7 @@ from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session
 from streamchat.app.typeahead import keys_held
 from streamchat.conversation.calls import Conversation
+from streamchat.conversation.session_options import parse_option
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line, turns_text
@@ -126,8 +127,9 @@ class ChatApp:
             case commands.Set(key=None):
                 display.table("settings", session.options())
             case commands.Set(key=key, value=value):
-                session.set_option(key, value)
-                display.notice(f"{key} = {dict(session.options())[key]}")
+                session.update_settings(**parse_option(key, value))  # the text typed, parsed once
+                shown = dict(session.options())  # recall is not among them: session files do not keep it
+                display.notice(f"{key} = {shown.get(key, value)}")
             case commands.Save(path=None):
                 self.record()
                 where = self.journal.path

@@ -31,8 +31,9 @@ from streamchat.cache.feeding import chunk_sizes
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
 from streamchat.conversation.kept_prefix import Keep, kept_tokens
+from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession, SessionOptions
-from streamchat.conversation.template import ChatFormat, Message
+from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings

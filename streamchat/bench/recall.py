@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from streamchat import defaults
 from streamchat.bench.keep import _probe
 from streamchat.cache.ledger import SMALLEST_WINDOW
+from streamchat.conversation.message import Message
 from streamchat.conversation.recall import RecallIndex
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import ConversationState, RecalledNote
@@ -224,9 +225,9 @@ class RecallBench:
             for fact, (log_prob, note), best in zip(facts, probes[mode], relevance, strict=True):
                 reply = ""
                 if greedy:
-                    session.set_option("max_new_tokens", str(self.sizes.answer_tokens))
+                    session.update_settings(max_new_tokens=self.sizes.answer_tokens)
                     reply = _reply(session.chat(fact.question))
-                    session.set_option("max_new_tokens", str(self.sizes.reply_tokens))
+                    session.update_settings(max_new_tokens=self.sizes.reply_tokens)
                     self._restore(state)
                 matched = greedy and fact.key.lower() in reply.lower()
                 recalled = note.messages if note is not None else ()
@@ -238,7 +239,7 @@ class RecallBench:
         """At turn `ttft_turns` of a conversation that stated the facts and went on with filler (read as a replay),
         the median time to the first token of the first fact's question, recall off and on, side by side."""
         session = self.session
-        messages: list[dict[str, str]] = []
+        messages: list[Message] = []
         for fact in facts:
             messages += [{"role": "user", "content": fact.statement}, {"role": "assistant", "content": "Noted."}]
         index = 0
@@ -250,7 +251,7 @@ class RecallBench:
             ]
             index += 1
         _drain(session.replay(messages))
-        session.set_option("max_new_tokens", "2")  # the first token is what is timed
+        session.update_settings(max_new_tokens=2)  # the first token is what is timed
         state = session.snapshot()
         sides: dict[str, list[float]] = {"off": [], "auto": []}
         for _ in range(self.sizes.repeats):

@@ -103,9 +103,9 @@ def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) 
 def measure(loaded: LoadedModel, window: int, steps: int, session: Any = None) -> DecodeSpeed:
     """A warm-up reply, then a timed one of `steps` decode steps (fewer if the model ends it)."""
     session = session or _session(loaded, window, steps)
-    session.set_option("max_new_tokens", str(WARMUP_TOKENS))
+    session.update_settings(max_new_tokens=WARMUP_TOKENS)
     _finished(session.chat(PROMPT))
-    session.set_option("max_new_tokens", str(steps + 1))  # the first token comes from the prompt's logits
+    session.update_settings(max_new_tokens=steps + 1)  # the first token comes from the prompt's logits
     stats = _finished(session.chat(PROMPT)).stats
     tokens = stats.generated_tokens - 1
     per_token = 1000 * stats.decode_seconds / tokens if tokens > 0 else float("nan")

@@ -19,14 +19,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
 from streamchat.cache import CacheStats
 from streamchat.conversation.kept_prefix import Keep
+from streamchat.conversation.message import Message
+from streamchat.conversation.session_options import SessionChanges
 from streamchat.conversation.state import ConversationState
-from streamchat.conversation.template import Message
 from streamchat.generation.events import Event
 from streamchat.generation.mirror import CacheView
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # in typing from Python 3.11
 
 # What a move's call returns: the events the caller consumes, or None when it is done on return.
 Result = TypeVar("Result", covariant=True)
@@ -56,8 +60,8 @@ class ConversationMoves(Protocol):
         """Use a new system prompt, with the conversation so far replayed behind it."""
 
     @abstractmethod
-    def set_option(self, key: str, value: str) -> None:
-        """Change a setting from text, as typed after /set."""
+    def update_settings(self, **changes: Unpack[SessionChanges]) -> None:
+        """Change generation settings, eviction or recall: `update_settings(temperature=0.5)`."""
 
     @abstractmethod
     def replay(self, messages: list[Message]) -> Iterator[Event]:
@@ -162,12 +166,11 @@ class SetSystemPrompt(Move[Iterator[Event]]):
 
 
 @dataclass(frozen=True)
-class SetOption(Move[None]):
-    key: str
-    value: str
+class UpdateSettings(Move[None]):
+    changes: SessionChanges  # typed values: --tp sends them pickled, never as text
 
     def apply(self, session: ConversationMoves) -> None:
-        session.set_option(self.key, self.value)
+        session.update_settings(**self.changes)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,11 +34,19 @@ from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
+from streamchat.conversation.message import Message
 from streamchat.conversation.recall import Passage, RecallIndex, fed_text, recall_note, turn_numbers
 from streamchat.conversation.regen import RegenPoint
-from streamchat.conversation.session_options import SessionOptions, eviction_policy, recall_mode
+from streamchat.conversation.session_options import (
+    SessionChanges,
+    SessionOptions,
+    eviction_policy,
+    generation_changes,
+    parse_option,
+    recall_mode,
+)
 from streamchat.conversation.state import ConversationState, RecalledNote
-from streamchat.conversation.template import ChatFormat, Message, stop_token_ids
+from streamchat.conversation.template import ChatFormat, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.engine.engine import Engine
 from streamchat.errors import CacheStateError, ConfigError
@@ -59,6 +67,9 @@ from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.generation.token_loop import TokenLoop
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # in typing from Python 3.11
 
 
 class ChatSession:
@@ -218,17 +229,15 @@ class ChatSession:
         self._use_format(chat_format)
         return self._replay(list(self.transcript), feeds, recalled)
 
-    def set_option(self, key: str, value: str) -> None:
-        """Change a generation setting (or `eviction`, or `recall`) from text, as typed after /set."""
-        if key == "eviction":
-            self.eviction = eviction_policy(value)
-            return
-        if key == "recall":
-            self.recall = recall_mode(value)
-            return
-        self.settings = self.settings.with_value(key, value)
-        if key == "seed":
-            self.sampler = Sampler(self.settings.seed)
+    def update_settings(self, **changes: Unpack[SessionChanges]) -> None:
+        """Change generation settings, `eviction` or `recall` (`update_settings(temperature=0.5)`); ConfigError,
+        and nothing changes, when a value is wrong. A seed given starts the sampler again, even the same seed."""
+        settings = self.settings.changed(generation_changes(changes))
+        eviction = eviction_policy(changes.get("eviction", self.eviction))
+        recall = recall_mode(changes.get("recall", self.recall))
+        self.settings, self.eviction, self.recall = settings, eviction, recall
+        if "seed" in changes:
+            self.sampler = Sampler(settings.seed)
 
     def options(self) -> list[tuple[str, str]]:
         """Every setting /set can change, with its value as text."""
@@ -254,16 +263,17 @@ class ChatSession:
         """Become the conversation `state`: exactly when it carries tensors that fit, else replayed
         (`not_exact` says why there are none, for the NotResumed event). ConfigError, and nothing
         changes, when its settings or system prompt cannot be used."""
-        settings, eviction = self.settings, self.eviction
+        # The state's settings are text, as its file holds them: parsed here, once.
+        changes = SessionChanges()
         for name, value in state.settings.items():
-            if name == "eviction":
-                eviction = eviction_policy(value)
-            else:
-                settings = settings.with_value(name, value)
+            changes.update(parse_option(name, value))
+        settings = self.settings.changed(generation_changes(changes))
+        eviction, recall = changes.get("eviction", self.eviction), changes.get("recall", self.recall)
         chat_format = ChatFormat(self.tokenizer, system_prompt=state.system_prompt)
         feeds = self._feeds(chat_format, state.messages, state.recalled)
         self._use_format(chat_format)
-        self.settings, self.eviction, self.sampler = settings, eviction, Sampler(settings.seed)
+        self.settings, self.eviction, self.recall = settings, eviction, recall
+        self.sampler = Sampler(settings.seed)
         return self._restored(state, feeds, not_exact)
 
     def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> Iterator[Event]:

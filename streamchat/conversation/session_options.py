@@ -1,14 +1,15 @@
-"""What a chat session starts with: its cache's shape, how it reads and evicts, its generation settings."""
+"""What a chat session starts with (its cache's shape, how it reads and evicts, its generation settings), and
+what `/set` may change of it later, typed: `SessionChanges`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from streamchat import defaults
 from streamchat.conversation.kept_prefix import Keep, parse_keep
 from streamchat.errors import ConfigError
-from streamchat.generation.settings import GenerationSettings
+from streamchat.generation.settings import GenerationChanges, GenerationSettings, parse_setting
 
 if TYPE_CHECKING:
     from streamchat.generation.decoder import StepChannel
@@ -53,3 +54,28 @@ def recall_mode(value: str) -> str:
     if value not in defaults.RECALL_MODES:
         raise ConfigError(f"recall must be one of {', '.join(defaults.RECALL_MODES)}, got {value!r}")
     return value
+
+
+class SessionChanges(GenerationChanges, total=False):
+    """What one `/set` (or a request, or a benchmark) changes of a session: generation settings, eviction, recall."""
+
+    eviction: str
+    recall: str
+
+
+# The settings a session keeps itself, beside its GenerationSettings.
+SESSION_SETTINGS = ("eviction", "recall")
+
+
+def parse_option(key: str, text: str) -> SessionChanges:
+    """The change `/set KEY TEXT` asks for, typed; ConfigError for an unknown key or a value it does not take."""
+    if key == "eviction":
+        return SessionChanges(eviction=eviction_policy(text))
+    if key == "recall":
+        return SessionChanges(recall=recall_mode(text))
+    return SessionChanges(**parse_setting(key, text))
+
+
+def generation_changes(changes: SessionChanges) -> GenerationChanges:
+    """The part of `changes` that is generation settings."""
+    return cast(GenerationChanges, {key: value for key, value in changes.items() if key not in SESSION_SETTINGS})

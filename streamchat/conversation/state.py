@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from streamchat.conversation.template import Message
+from streamchat.conversation.message import Message
 
 if TYPE_CHECKING:
     import torch

@@ -44,13 +44,12 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from streamchat import defaults
+from streamchat.conversation.message import Message
 from streamchat.errors import ChatTemplateError
 from streamchat.generation.detokenize import special_token_ids
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PreTrainedTokenizerBase
-
-Message = dict[str, str]
 
 # Stand-ins for the messages around the one being rendered.
 _PROBE_USER = "Hi"

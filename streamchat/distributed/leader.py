@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from streamchat.cache import CacheStats
 from streamchat.conversation.calls import (
@@ -25,17 +25,22 @@ from streamchat.conversation.calls import (
     Replay,
     Reset,
     Restore,
-    SetOption,
     SetSystemPrompt,
+    UpdateSettings,
 )
 from streamchat.conversation.kept_prefix import Keep
+from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession
 from streamchat.conversation.state import ConversationState
-from streamchat.conversation.template import Message
 from streamchat.distributed.lockstep import Exit, Lockstep, out_of_step_failures
 from streamchat.errors import RankLostError, StreamchatError
 from streamchat.generation.events import Event
 from streamchat.generation.mirror import CacheView
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # in typing from Python 3.11
+
+    from streamchat.conversation.session_options import SessionChanges
 
 # Why a conversation gone on with under --tp is replayed (shown as "not resumed exactly, replayed: ...").
 NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cache)"
@@ -115,9 +120,9 @@ class LeaderSession(Conversation):
     def set_system_prompt(self, text: str | None) -> Iterator[Event]:
         return self._turn_everywhere(SetSystemPrompt(text))
 
-    def set_option(self, key: str, value: str) -> None:
-        self._session.set_option(key, value)  # a bad value is refused here, before any rank changes
-        self._lockstep.send(SetOption(key, value))
+    def update_settings(self, **changes: Unpack[SessionChanges]) -> None:
+        self._session.update_settings(**changes)  # a bad value is refused here, before any rank changes
+        self._lockstep.send(UpdateSettings(changes))
 
     def replay(self, messages: list[Message]) -> Iterator[Event]:
         return self._turn_everywhere(Replay(messages))

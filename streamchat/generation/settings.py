@@ -1,8 +1,11 @@
-"""How replies are generated: a frozen, validated set of sampling settings.
+"""How replies are generated: a frozen, validated set of sampling settings, and changes to it.
 
 Defaults come from the model's generation config where it sets a value, else from
-streamchat.defaults. The chat's `/set KEY VALUE` command changes one setting from its
-text through with_value(); as_pairs() lists every setting in that same text form.
+streamchat.defaults. Each edge builds a typed `GenerationChanges` once (a request's JSON
+fields, a command line's options), or parses one from text where text is what it gets
+(`/set KEY VALUE`: parse_setting()); `settings.changed(changes)` applies it, validated.
+as_pairs() lists every setting as text, in the form parse_setting() reads (what /set shows
+and the session files hold).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 import math
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
@@ -129,27 +132,54 @@ class GenerationSettings:
         except ConfigError as error:
             raise ConfigError(f"the model's generation config: {error}") from error
 
-    def with_value(self, key: str, text: str) -> GenerationSettings:
-        """A copy with one setting parsed from text, as typed after `/set KEY`."""
-        if key not in _FIELD_NAMES:
-            raise ConfigError(f"unknown setting {key!r}; settings: {', '.join(_FIELD_NAMES)}.")
-        text = text.strip()
-        if key == "stop":
-            return dataclasses.replace(self, stop=_parse_stop(text))
-        if key == "seed" and text.lower() == RANDOM_SEED:
-            return dataclasses.replace(self, seed=None)
-        try:
-            value = SAMPLING_RULES[key].kind(text)
-        except ValueError:
-            raise ConfigError(f"{key} must be {_allowed(key)}, got {text!r}.") from None
-        return dataclasses.replace(self, **{key: value})
+    def changed(self, changes: GenerationChanges) -> GenerationSettings:
+        """A copy with `changes` made; ConfigError names the first value that is wrong."""
+        return dataclasses.replace(self, **changes)
+
+    def changes_to(self, other: GenerationSettings) -> GenerationChanges:
+        """The settings `other` sets differently: `self.changed(self.changes_to(other)) == other`."""
+        differing = {name: getattr(other, name) for name in _FIELD_NAMES if getattr(self, name) != getattr(other, name)}
+        return GenerationChanges(**differing)  # type: ignore[typeddict-item]  # the fields' names and types
 
     def as_pairs(self) -> list[tuple[str, str]]:
-        """(name, value) of every setting, each value in the form with_value() accepts."""
+        """(name, value) of every setting, each value in the form parse_setting() reads."""
         return [(name, _format(getattr(self, name))) for name in _FIELD_NAMES]
 
 
+class GenerationChanges(TypedDict, total=False):
+    """Some of GenerationSettings' fields, typed: what one request, option or `/set` changes."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(GenerationSettings))
+
+
+def parse_setting(key: str, text: str) -> GenerationChanges:
+    """The change `/set KEY TEXT` asks for, typed (`temperature`, "0.5" -> {"temperature": 0.5}); ConfigError
+    for an unknown key or a value the setting does not take."""
+    if key not in _FIELD_NAMES:
+        raise ConfigError(f"unknown setting {key!r}; settings: {', '.join(_FIELD_NAMES)}.")
+    text = text.strip()
+    if key == "stop":
+        return GenerationChanges(stop=_parse_stop(text))
+    if key == "seed" and text.lower() == RANDOM_SEED:
+        return GenerationChanges(seed=None)
+    try:
+        value = SAMPLING_RULES[key].kind(text)
+    except ValueError:
+        raise ConfigError(f"{key} must be {_allowed(key)}, got {text!r}.") from None
+    GenerationSettings(**{key: value})  # refused as it is parsed (-1 is a number, not a temperature)
+    return GenerationChanges(**{key: value})  # type: ignore[typeddict-item]  # key is one of the fields
 
 
 def _allowed(name: str) -> str:

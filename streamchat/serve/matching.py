@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 
-Message = dict[str, str]
+from streamchat.conversation.message import Message
 
 # The session ids the journal writes (streamchat.storage.journal.new_session_id): 20250101-120000-3fa2c1.
 SESSION_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")

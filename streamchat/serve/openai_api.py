@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamchat import defaults
-from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES
-
-Message = dict[str, str]
+from streamchat.conversation.message import Message
+from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES, GenerationChanges
 
 # Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
 NUMERIC_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
@@ -91,7 +89,8 @@ class ChatRequest:
     text: str  # the new user message
     stream: bool = False
     include_usage: bool = False
-    settings: dict[str, str] = field(default_factory=dict)  # generation settings as /set takes them
+    # The generation settings the request sets, typed; the rest are the server's.
+    settings: GenerationChanges = field(default_factory=GenerationChanges)
 
 
 class _TooLong:
@@ -209,38 +208,39 @@ def _same_json(value: object, neutral: object) -> bool:
     return type(value) is type(neutral) and value == neutral
 
 
-def _settings(body: dict[str, Any]) -> dict[str, str]:
-    """The generation settings the request sets, as /set takes them."""
-    settings: dict[str, str] = {}
+def _settings(body: dict[str, Any]) -> GenerationChanges:
+    """The generation settings the request sets, each checked and named by the field that sets it."""
+    settings = GenerationChanges()
     for name in ("max_tokens", "max_completion_tokens"):
         if body.get(name) is not None:
             value = _integer(body[name])
             if value is None or not SAMPLING_RULES["max_new_tokens"].accepts(value):
                 raise ApiError(400, f"{name!r} must be a whole number >= 1", param=name)
-            settings["max_new_tokens"] = str(value)
+            settings["max_new_tokens"] = value
     for name in NUMERIC_SETTINGS:
         if body.get(name) is not None:
             value = body[name]
             rule = SAMPLING_RULES[name]
             if not _is_number(value) or not rule.accepts(value):
                 raise ApiError(400, f"{name!r} must be a number {rule.limits}", param=name)
-            settings[name] = repr(float(value))
+            settings[name] = float(value)  # type: ignore[literal-required]  # name is one of NUMERIC_SETTINGS
     if body.get("top_k") is not None:
         top_k = _integer(body["top_k"])
         if top_k is None or not SAMPLING_RULES["top_k"].accepts(top_k):
             raise ApiError(400, f"'top_k' must be a whole number {SAMPLING_RULES['top_k'].limits}", param="top_k")
-        settings["top_k"] = str(top_k)
+        settings["top_k"] = top_k
     if body.get("seed") is not None:
         seed = _integer(body["seed"])
         if seed is None or not 0 <= seed <= MAX_SEED:
             raise ApiError(400, f"'seed' must be a whole number from 0 to {MAX_SEED}", param="seed")
-        settings["seed"] = str(seed)
+        settings["seed"] = seed
     if body.get("stop") is not None:
         settings["stop"] = _stop(body["stop"])
     return settings
 
 
-def _stop(value: object) -> str:
+def _stop(value: object) -> tuple[str, ...]:
+    """The strings that end the reply, as sent (an empty list: none)."""
     stops = [value] if isinstance(value, str) else value
     if (
         not isinstance(stops, list)
@@ -248,7 +248,7 @@ def _stop(value: object) -> str:
         or not all(isinstance(text, str) and text for text in stops)
     ):
         raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", param="stop")
-    return shlex.join([_encodable(text) for text in stops]) if stops else "none"
+    return tuple(_encodable(text) for text in stops)
 
 
 def _boolean(body: dict[str, Any], name: str, param: str | None = None) -> bool:

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import NotResumed, Replayed
+from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.matching import ConversationIndex, is_session_id
-from streamchat.serve.openai_api import ApiError, Message
+from streamchat.serve.openai_api import ApiError
 from streamchat.sessions.keeping import restored, save_state
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, read_session
@@ -97,7 +99,10 @@ class ConversationPool:
     _made: int = 0
     _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
     _clock: itertools.count = field(default_factory=itertools.count)
-    base_settings: dict[str, str] = field(default_factory=dict)  # a new session's, set by start()
+    # A new session's generation settings (a request's start from them), set by start().
+    base_settings: GenerationSettings = field(default_factory=GenerationSettings)
+    # A new conversation's settings as its journal writes them, eviction included, set by start().
+    _new_conversation_settings: dict[str, str] = field(default_factory=dict)
     default_system: str | None = None
 
     def start(self) -> None:
@@ -108,7 +113,8 @@ class ConversationPool:
         session = self._new_session()
         self._made += 1
         self._free.append(session)
-        self.base_settings = dict(session.options())
+        self.base_settings = session.settings
+        self._new_conversation_settings = dict(session.options())
         self.default_system = session.system_prompt
         for path in sorted(self.served.sessions.glob(f"*{SUFFIX}")) if self.served.sessions.is_dir() else []:
             try:
@@ -254,7 +260,7 @@ class ConversationPool:
     ) -> Generator[Step, None, int]:
         path = conversation.journal.path
         if path is None:
-            state = ConversationState(list(history or []), system, dict(self.base_settings))
+            state = ConversationState(list(history or []), system, dict(self._new_conversation_settings))
             events = session.restore(state)
         else:
             events = restored(session, read_session(path), path, self.served.key)

@@ -25,6 +25,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
+from streamchat.conversation.message import Message
 from streamchat.errors import ConfigError
 from streamchat.generation.events import (
     CacheOccupancy,
@@ -35,7 +36,7 @@ from streamchat.generation.events import (
     TextDelta,
     TurnFinished,
 )
-from streamchat.serve.openai_api import REQUEST_SETTINGS, ApiError, ChatRequest, Message
+from streamchat.serve.openai_api import ApiError, ChatRequest
 from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
 
 
@@ -130,20 +131,21 @@ class Turn:
         session = conversation.session
         if session is None:
             raise ApiError(500, "the conversation has no session", kind="server_error")
-        current = dict(session.options())
         warnings = []
+        # What the request leaves out is the server's, not what the conversation's last request set.
+        try:
+            wanted = self.pool.base_settings.changed(self.request.settings)
+        except ConfigError as error:  # each field was checked as it was read; refused all the same, as a 400
+            raise ApiError(400, str(error)) from None
         limit = self.pool.served.reply_tokens_limit
-        for name in REQUEST_SETTINGS:
-            value = self.request.settings.get(name, self.pool.base_settings.get(name))
-            if name == "max_new_tokens" and value is not None and limit is not None and int(value) > limit:
-                if name in self.request.settings:
-                    warnings.append(f"max_tokens {int(value):,} is past the server's limit: clamped to {limit:,}")
-                value = str(limit)
-            if value is not None and current.get(name) != value:
-                try:
-                    session.set_option(name, value)
-                except ConfigError as error:
-                    raise ApiError(400, str(error), param=name) from None
+        if limit is not None and wanted.max_new_tokens > limit:
+            if "max_new_tokens" in self.request.settings:
+                warnings.append(
+                    f"max_tokens {wanted.max_new_tokens:,} is past the server's limit: clamped to {limit:,}"
+                )
+            wanted = wanted.changed({"max_new_tokens": limit})
+        # Only what differs: a seed the conversation already draws with goes on, as before, rather than restarting.
+        session.update_settings(**session.settings.changes_to(wanted))
         state = session.snapshot(tensors=False)
         journal = conversation.journal
         journal.record(state)  # a new conversation's history and settings, a known one's new settings

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
+from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import common_prefix_length
 from streamchat.errors import SessionFileError
@@ -48,7 +49,6 @@ except ImportError:  # Windows: no advisory locks; a second writer is not detect
     fcntl = None  # type: ignore[assignment]
 
 SUFFIX = ".jsonl"
-Message = dict[str, str]
 
 
 def new_session_id() -> str:

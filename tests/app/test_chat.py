@@ -212,6 +212,13 @@ def test_set_changes_one_setting_and_set_alone_lists_them_all(scripted, tmp_path
     assert session_files(tmp_path) == []
 
 
+def test_set_changes_how_the_session_evicts_and_recalls(scripted, tmp_path):
+    session = scripted_session(scripted)
+    result = chat(session, ["/set eviction turn", "/set recall off", '/set stop "two words" "it\'s"'], tmp_path)
+    assert result.screen.split("\n")[:3] == ["eviction = turn", "recall = off", "stop = 'two words' 'it'\"'\"'s'"]
+    assert (session.eviction, session.recall, session.settings.stop) == ("turn", "off", ("two words", "it's"))
+
+
 def test_system_replays_the_conversation_behind_the_new_prompt(scripted, tmp_path):
     lines = ["/system", "Hello there.", "/system Be brief.", "/system"]
     result = chat(scripted_session(scripted), lines, tmp_path)

@@ -11,8 +11,8 @@ from streamchat.conversation.calls import (
     Replay,
     Reset,
     Restore,
-    SetOption,
     SetSystemPrompt,
+    UpdateSettings,
 )
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import ConversationState
@@ -27,7 +27,7 @@ EXAMPLES = [
     Reset(),
     SetSystemPrompt("Be brief."),
     SetSystemPrompt(None),
-    SetOption("temperature", "0.5"),
+    UpdateSettings({"temperature": 0.5, "stop": ("a b",)}),
     Replay(ANSWERED),
     Restore(ConversationState(ANSWERED, "Be kind.", {"temperature": "0.5"}), "no cache state"),
 ]

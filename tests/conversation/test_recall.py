@@ -182,5 +182,5 @@ def test_recall_modes_are_checked_and_set_as_options():
     with pytest.raises(ConfigError, match=r"^recall must be one of auto, off, got 'sometimes'$"):
         make_session("sometimes")
     session = make_session("auto")
-    session.set_option("recall", "off")
+    session.update_settings(recall="off")
     assert session.recall == "off"

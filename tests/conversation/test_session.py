@@ -266,8 +266,7 @@ def test_regenerate_replaces_the_last_reply_from_the_same_prompt():
 def test_regenerate_with_frequency_and_presence_penalties_counts_the_new_reply_from_zero():
     session = make_session(settings=GenerationSettings(max_new_tokens=24, temperature=0.0))
     plain = run(session.chat("Hello!"))[-1].reply
-    session.set_option("frequency_penalty", "0.5")
-    session.set_option("presence_penalty", "1.5")
+    session.update_settings(frequency_penalty=0.5, presence_penalty=1.5)
     assert (session.settings.frequency_penalty, session.settings.presence_penalty) == (0.5, 1.5)
     penalized = run(session.regenerate())[-1].reply
     assert penalized != plain  # the penalties change the reply
@@ -285,7 +284,7 @@ def test_regenerate_without_a_reply_is_refused():
 def test_a_snapshot_restored_without_tensors_replays_the_transcript():
     session = make_session(system_prompt="Be kind.")
     run(session.chat("Hello!"))
-    session.set_option("temperature", "0.5")
+    session.update_settings(temperature=0.5)
     state = session.snapshot(tensors=False)
     assert state.messages == session.transcript and state.system_prompt == "Be kind." and state.tensors is None
     assert state.settings["temperature"] == "0.5" and state.settings["eviction"] == "token"
@@ -362,15 +361,28 @@ def test_reset_forgets_the_conversation():
     assert session.cache_stats().seen > 0
 
 
-def test_options_change_by_name():
+def test_settings_change_by_name_typed_and_a_bad_one_changes_nothing():
     session = make_session()
-    session.set_option("eviction", "turn")
-    session.set_option("top_k", "5")
+    session.update_settings(eviction="turn", top_k=5, stop=("a b", "it's"))
     assert ("eviction", "turn") in session.options() and ("top_k", "5") in session.options()
+    assert session.settings.stop == ("a b", "it's")
+    before = (session.settings, session.eviction)
     with pytest.raises(ConfigError, match="eviction must be one of token, turn"):
-        session.set_option("eviction", "sometimes")
-    with pytest.raises(ConfigError, match="unknown setting 'warmth'"):
-        session.set_option("warmth", "1")
+        session.update_settings(top_k=7, eviction="sometimes")
+    with pytest.raises(ConfigError, match=r"^temperature must be a number of at least 0 \(0 = greedy\), got -1.0.$"):
+        session.update_settings(top_k=7, temperature=-1.0)
+    assert (session.settings, session.eviction) == before
+
+
+def test_a_seed_given_starts_the_sampler_again_even_the_same_one():
+    session = make_session(settings=GenerationSettings(max_new_tokens=8, temperature=1.0, seed=3))
+    first = run(session.chat("Hello!"))[-1].reply
+    session.reset()
+    session.update_settings(seed=3)  # as `/set seed 3` typed again
+    assert run(session.chat("Hello!"))[-1].reply == first
+    session.reset()
+    session.update_settings(top_k=0)  # no seed given: the sampler goes on where it was
+    assert session.seed == 3
 
 
 def test_the_cache_view_names_what_was_forgotten():

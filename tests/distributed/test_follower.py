@@ -2,7 +2,7 @@
 
 import pytest
 
-from streamchat.conversation.calls import Chat, ConversationMoves, Move, Regenerate, Reset, SetOption
+from streamchat.conversation.calls import Chat, ConversationMoves, Move, Regenerate, Reset, UpdateSettings
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import ConversationState
 from streamchat.distributed.follower import follow
@@ -96,7 +96,7 @@ def test_errors_every_rank_meets_are_rank_0s_to_report_and_the_follower_goes_on(
         pass
     requests = [
         Regenerate(),  # nothing to regenerate yet: ConfigError on every rank
-        SetOption("temperature", "hot"),  # refused on every rank
+        UpdateSettings({"temperature": -1.0}),  # refused on every rank
         Chat("Hi"),
         Reset(),
         Exit(),
@@ -137,7 +137,7 @@ class Wire(Recorder):
 ANSWERED = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How are you?"}]
 MOVES = [
     ("chat", ("Hello there",)),
-    ("set_option", ("max_new_tokens", "6")),
+    ("update_settings", {"max_new_tokens": 6}),  # keywords: update_settings(max_new_tokens=6)
     ("regenerate", ()),
     ("set_system_prompt", ("Be brief.",)),
     ("replay", ([*ANSWERED, {"role": "user", "content": "And then?"}],)),
@@ -154,7 +154,8 @@ def test_every_call_that_moves_the_conversation_reaches_the_followers():
     after_each = []
     for name, args in MOVES:
         for target in (alone, leader):
-            for _ in getattr(target, name)(*args) or ():
+            call = getattr(target, name)
+            for _ in (call(**args) if isinstance(args, dict) else call(*args)) or ():
                 pass
         after_each.append((leader.snapshot(), leader.cache_stats(), leader.cache_view()))
         assert after_each[-1] == (alone.snapshot(tensors=False), alone.cache_stats(), alone.cache_view()), name

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from streamchat.conversation.calls import Chat, Conversation, Reset, Restore, SetOption
+from streamchat.conversation.calls import Chat, Conversation, Reset, Restore, UpdateSettings
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
 from streamchat.distributed.lockstep import Exit
@@ -48,9 +48,9 @@ def test_each_call_that_moves_the_conversation_is_sent_before_it_runs_here():
     events = session.chat("Hello")
     assert wire.sent == [Chat("Hello")]
     assert any(isinstance(event, TurnFinished) for event in events)
-    session.set_option("temperature", "0.5")
+    session.update_settings(temperature=0.5)
     session.reset()
-    assert wire.sent[1:] == [SetOption("temperature", "0.5"), Reset()]
+    assert wire.sent[1:] == [UpdateSettings({"temperature": 0.5}), Reset()]
     assert session.transcript == [] and ("temperature", "0.5") in session.options()  # read on rank 0
 
 
@@ -69,7 +69,7 @@ def test_each_read_is_rank_0s_session_read_there():
 def test_a_bad_setting_is_refused_before_any_rank_changes():
     session, wire = leader()
     with pytest.raises(ConfigError):
-        session.set_option("temperature", "hot")
+        session.update_settings(temperature=-1.0)
     assert wire.sent == []
 
 

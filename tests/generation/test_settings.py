@@ -7,7 +7,7 @@ from transformers import GenerationConfig
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
-from streamchat.generation.settings import MAX_SEED, GenerationSettings
+from streamchat.generation.settings import MAX_SEED, GenerationSettings, parse_setting
 
 
 def test_defaults_come_from_streamchat_defaults() -> None:
@@ -144,16 +144,18 @@ def test_bad_generation_config_value_says_where_it_comes_from() -> None:
         ("stop", "", ()),
     ],
 )
-def test_with_value_parses_the_text_of_a_set_command(key: str, text: str, expected: object) -> None:
+def test_parse_setting_types_the_text_of_a_set_command(key: str, text: str, expected: object) -> None:
+    changes = parse_setting(key, text)
+    assert changes == {key: expected} and type(changes[key]) is type(expected)
     settings = GenerationSettings(seed=7, stop=("old",))
-    changed = settings.with_value(key, text)
+    changed = settings.changed(changes)
     assert getattr(changed, key) == expected
     assert dataclasses.replace(changed, **{key: getattr(settings, key)}) == settings  # nothing else changed
 
 
-def test_with_value_rejects_unknown_keys_listing_the_known_ones() -> None:
+def test_parse_setting_rejects_unknown_keys_listing_the_known_ones() -> None:
     with pytest.raises(ConfigError) as caught:
-        GenerationSettings().with_value("temprature", "0.5")
+        parse_setting("temprature", "0.5")
     assert str(caught.value) == (
         "unknown setting 'temprature'; settings: max_new_tokens, temperature, top_p, top_k, min_p, "
         "repetition_penalty, frequency_penalty, presence_penalty, seed, stop."
@@ -179,9 +181,9 @@ def test_with_value_rejects_unknown_keys_listing_the_known_ones() -> None:
         ),
     ],
 )
-def test_with_value_rejects_bad_text_naming_key_and_value(key: str, text: str, message: str) -> None:
+def test_parse_setting_rejects_bad_text_naming_key_and_value(key: str, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        GenerationSettings().with_value(key, text)
+        parse_setting(key, text)
     assert str(caught.value) == message
 
 
@@ -209,6 +211,24 @@ def test_pairs_list_every_setting_in_set_command_form() -> None:
         GenerationSettings(frequency_penalty=-0.3, presence_penalty=1.7),
     ],
 )
-def test_pairs_round_trip_through_with_value(settings: GenerationSettings) -> None:
+def test_pairs_round_trip_through_parse_setting(settings: GenerationSettings) -> None:
     for key, text in settings.as_pairs():
-        assert settings.with_value(key, text) == settings
+        assert getattr(settings, key) == parse_setting(key, text)[key]
+
+
+def test_changed_validates_what_it_changes_and_keeps_the_rest() -> None:
+    settings = GenerationSettings(seed=7)
+    assert settings.changed({"temperature": 0.25, "stop": ("a b", "it's")}) == dataclasses.replace(
+        settings, temperature=0.25, stop=("a b", "it's")
+    )
+    assert settings.changed({"top_k": 3}).top_k == 3 and settings.changed({}) == settings
+    with pytest.raises(ConfigError, match=r"^top_p must be a number above 0 and at most 1 \(1 = off\), got 0.0.$"):
+        settings.changed({"top_p": 0.0})
+
+
+def test_changes_to_are_the_fields_that_differ_typed() -> None:
+    settings = GenerationSettings(seed=7, stop=("x",))
+    other = dataclasses.replace(settings, temperature=0.0, seed=None, stop=("a b",))
+    assert settings.changes_to(other) == {"temperature": 0.0, "seed": None, "stop": ("a b",)}
+    assert settings.changed(settings.changes_to(other)) == other
+    assert settings.changes_to(settings) == {}

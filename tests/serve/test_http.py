@@ -95,6 +95,20 @@ def test_a_bad_field_is_a_400_naming_it(start_server, scripted, body, param) -> 
     assert set(error) == {"message", "type", "param", "code"}
 
 
+def test_a_bad_temperature_is_refused_in_openai_words(start_server, scripted) -> None:
+    server = start_server(scripted)
+    response = server.post({"messages": HELLO, "temperature": -1})
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "'temperature' must be a number >= 0",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": None,
+        }
+    }
+
+
 def test_malformed_json_too_many_messages_and_too_large_bodies(start_server, scripted) -> None:
     server = start_server(scripted, limits=Limits(body_bytes=2000, messages=3, message_chars=100))
     bad_json = server.http.post(f"{server.url}/v1/chat/completions", content=b"{not json")

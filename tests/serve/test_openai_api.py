@@ -1,4 +1,4 @@
-"""Requests read into what the engine takes: the conversation, the new message, settings as /set takes them."""
+"""Requests read into what the engine takes: the conversation, the new message, the settings typed."""
 
 from __future__ import annotations
 
@@ -31,12 +31,31 @@ def test_a_request_is_its_system_prompt_history_new_message_and_settings() -> No
     assert request.history == [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."}]
     assert (request.text, request.stream, request.include_usage) == ("And now?", True, True)
     assert request.settings == {
-        "max_new_tokens": "64",
-        "temperature": "0.0",
-        "top_p": "0.5",
-        "seed": "3",
-        "stop": "'\n\n' 'User says'",
+        "max_new_tokens": 64,
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "seed": 3,
+        "stop": ("\n\n", "User says"),
     }
+    assert type(request.settings["temperature"]) is float  # JSON's 0, as the setting's type
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [
+        ("END", ("END",)),
+        (['say "hi"', "two words", "it's", "\\n"], ('say "hi"', "two words", "it's", "\\n")),
+        (["lone \ud800"], ("lone \ufffd",)),  # a lone surrogate, as every message's text
+        ([], ()),
+    ],
+)
+def test_stop_strings_are_kept_as_sent(stop: object, expected: tuple[str, ...]) -> None:
+    request = chat_request({"messages": [{"role": "user", "content": "a"}], "stop": stop}, Limits())
+    assert request.settings == {"stop": expected}
+
+
+def test_a_request_that_sets_nothing_changes_nothing() -> None:
+    assert chat_request({"messages": [{"role": "user", "content": "a"}], "seed": None}, Limits()).settings == {}
 
 
 @pytest.mark.parametrize(

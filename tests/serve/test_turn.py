@@ -4,12 +4,13 @@ the new turn; a conversation named by its header goes on from its new message al
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
 from streamchat.conversation.template import ChatFormat
 from streamchat.storage.session_file import read_session
-from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle
+from tests.serve.conftest import HELLO_BODY, REPLY, SETTINGS, raw_request, wait_idle
 from tests.support.waiting import wait_until
 
 
@@ -138,3 +139,23 @@ def test_clients_sending_the_same_history_at_once_each_get_a_reply(start_server,
     assert first.headers["x-streamchat-conversation"] in {
         reply.headers["x-streamchat-conversation"] for reply in replies
     }
+
+
+def test_a_requests_settings_reach_its_session_typed_and_the_next_request_starts_from_the_servers(
+    start_server, scripted
+) -> None:
+    server = start_server(scripted)
+    stop = ['say "hi"', "two  words", "it's"]  # quotes and spaces, as no shell would keep them
+    raw = server.client.chat.completions.with_raw_response.create(
+        model="tiny", messages=HELLO_BODY["messages"], stop=stop, temperature=0.5, seed=11, max_tokens=20
+    )
+    conversation = raw.headers["x-streamchat-conversation"]
+    session = server.pool.conversations[conversation].session
+    assert session.settings == SETTINGS.changed(
+        {"stop": tuple(stop), "temperature": 0.5, "seed": 11, "max_new_tokens": 20}
+    )
+    saved = read_session(server.sessions / f"{conversation}.jsonl")
+    assert saved.settings["stop"] == shlex.join(stop)  # the journal's text, as it always was
+    messages = [*HELLO_BODY["messages"], {"role": "assistant", "content": REPLY}, {"role": "user", "content": "And?"}]
+    server.client.chat.completions.create(model="tiny", messages=messages)  # the same conversation, nothing set
+    assert server.pool.conversations[conversation].session.settings == SETTINGS

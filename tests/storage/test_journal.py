@@ -42,7 +42,7 @@ def chat(session, journal, text):
 def test_nothing_is_written_before_the_first_message(journal):
     session = make_session()
     journal.record(session.snapshot(tensors=False))
-    session.set_option("temperature", "0.5")
+    session.update_settings(temperature=0.5)
     journal.record(session.snapshot(tensors=False))
     assert journal.path is None and not journal.directory.exists()
 
@@ -72,11 +72,10 @@ def test_settings_system_prompt_and_regenerated_replies_are_recorded_as_changes(
     session = make_session()
     chat(session, journal, "Hello!")
     first_reply = session.transcript[-1]["content"]
-    session.set_option("top_k", "5")
-    session.set_option("temperature", "1.5")
+    session.update_settings(top_k=5, temperature=1.5)
     run(session.regenerate())
     journal.record(session.snapshot(tensors=False), "max_new_tokens")
-    session.set_option("eviction", "turn")
+    session.update_settings(eviction="turn")
     run(session.set_system_prompt("Be kind."))
     journal.record(session.snapshot(tensors=False))
     assert kinds(journal.path) == ["settings", "user", "reply", "settings", "rewind", "reply", "settings", "system"]
@@ -141,7 +140,7 @@ def test_reset_starts_a_new_file_with_the_current_settings(journal):
     first = journal.path
     session.reset()
     journal.new_conversation()
-    session.set_option("top_k", "3")
+    session.update_settings(top_k=3)
     chat(session, journal, "A new topic")
     assert journal.path != first and journal.path.parent == first.parent
     assert read_session(first).messages[0]["content"] == "Hello!"
