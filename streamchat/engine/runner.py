@@ -15,15 +15,22 @@ through the model's forward: the same results, more weight reads.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from streamchat.cache.batch import BatchStep, CacheBatch
 from streamchat.cache.sink_cache import SinkCache, Step
 from streamchat.engine.scheduler import Scheduled
-from streamchat.engine.work import Fed
+from streamchat.engine.work import DecodeRow, Fed
 from streamchat.placement.lean_forward import Segment, lean_forward_for
+
+
+class _Rows(NamedTuple):
+    """The decode rows' open step, and the cache they attend through (the pool, or one reply's own cache)."""
+
+    cache: CacheBatch | SinkCache
+    step: BatchStep
 
 
 class Runner:
@@ -44,34 +51,44 @@ class Runner:
         rows = [ticket.work for ticket in scheduled.rows]
         chunks = [ticket.work for ticket in scheduled.chunks]
         with torch.inference_mode(), ExitStack() as opened:
-            for row in rows:
-                self.pool.join(row.cache)  # a no-op for a member; a joiner takes the next row
-            decode = opened.enter_context(self.pool.decode_step([row.token for row in rows])) if rows else None
+            decode = self._open_rows(rows, opened) if rows else None
             reads = [opened.enter_context(chunk.cache.step(chunk.ids)) for chunk in chunks]
-            if self.lean is not None:
-                logits = self._ragged(decode, [chunk.ids for chunk in chunks], reads, [c.cache for c in chunks])
-            else:
-                logits = self._each(decode, [chunk.ids for chunk in chunks], reads, [c.cache for c in chunks])
-        evictions = [*(decode.evictions if decode is not None else []), *(read.eviction for read in reads)]
+            run = self._ragged if self.lean is not None else self._each
+            logits = run(decode, [chunk.ids for chunk in chunks], reads, [chunk.cache for chunk in chunks])
+        evictions = [*(decode.step.evictions if decode is not None else []), *(read.eviction for read in reads)]
         return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
 
     def leave(self, cache: SinkCache) -> None:
-        """`cache` left the decode pool (its reply ended), between steps."""
+        """`cache`'s reply ended, between steps: it leaves the decode pool. A last member left alone leaves
+        too (one copy of its cache): one reply decodes through its own cache, as fast as a reply alone."""
         with torch.inference_mode():
             self.pool.leave(cache)
+            if len(self.pool.members) == 1:
+                self.pool.leave(self.pool.members[0])
+
+    def _open_rows(self, rows: list[DecodeRow], opened: ExitStack) -> _Rows:
+        """Open the decode rows' step: one reply alone through its own cache's decode step, more through the pool."""
+        if len(rows) == 1 and not self.pool.members:
+            cache, token = rows[0].cache, rows[0].token.reshape(1, 1)
+            eviction = opened.enter_context(cache.decode_step())
+            return _Rows(cache, BatchStep(token, cache.decode_inputs(token), [eviction]))
+        for row in rows:
+            self.pool.join(row.cache)  # a no-op for a member; a joiner takes the next row
+        return _Rows(self.pool, opened.enter_context(self.pool.decode_step([row.token for row in rows])))
 
     def _ragged(
-        self, decode: BatchStep | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
+        self, decode: _Rows | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
     ) -> torch.Tensor:
         """One lean pass over every row and chunk: logits [outputs, vocab]."""
         if not ids:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
-            inputs = decode.inputs
-            return self.lean(decode.input_ids, inputs.position_ids, inputs.attention_mask, self.pool)[:, -1]
+            inputs = decode.step.inputs
+            return self.lean(decode.step.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
         tokens, positions, segments = [], [], []
         if decode is not None:
-            tokens.append(decode.input_ids[:, 0])  # [rows]: the pool has no padding rows here (no fixed_rows)
-            positions.append(decode.inputs.position_ids[:, 0])
-            segments.append(Segment(len(tokens[0]), self.pool, decode.inputs.attention_mask, decode=True))
+            step = decode.step
+            tokens.append(step.input_ids[:, 0])  # [rows]: the pool has no padding rows here (no fixed_rows)
+            positions.append(step.inputs.position_ids[:, 0])
+            segments.append(Segment(len(tokens[0]), decode.cache, step.inputs.attention_mask, decode=True))
         for chunk, read, cache in zip(ids, reads, caches, strict=True):
             tokens.append(chunk[0])
             positions.append(read.inputs.position_ids[0])
@@ -79,15 +96,15 @@ class Runner:
         return self.lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
 
     def _each(
-        self, decode: BatchStep | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
+        self, decode: _Rows | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
     ) -> torch.Tensor:
         """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
         logits = []
         if decode is not None:
-            inputs = decode.inputs
+            inputs = decode.step.inputs
             out = self.model(
-                input_ids=decode.input_ids,
-                cache=self.pool,
+                input_ids=decode.step.input_ids,
+                cache=decode.cache,
                 position_ids=inputs.position_ids,
                 attention_mask=inputs.attention_mask,
                 use_cache=True,

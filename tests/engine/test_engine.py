@@ -30,9 +30,23 @@ def test_a_step_feeds_rows_and_chunks_together_and_counts_them():
     assert row.result().logits.shape == chunk.result().logits.shape == (1, 1, VOCAB)
     assert (engine.steps, engine.rows_fed, engine.chunk_tokens) == (1, 1, 12)
     assert decoding.stats().seen == 11 and reading.stats().seen == 12
-    assert engine.runner.members == [decoding]  # its reply goes on: it keeps its row until it leaves
-    engine.leave(decoding)
-    assert engine.runner.members == []
+    assert engine.runner.members == []  # one reply decodes through its own cache: no pool
+
+
+def test_replies_share_the_pool_while_two_decode_and_the_last_one_leaves_it_alone():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    first, second = read(model, 4, 10), read(model, 5, 12)
+    for cache in (first, second):
+        engine.queue(DecodeRow(cache, torch.tensor([5])))
+    engine.step()
+    assert engine.runner.members == [first, second]
+    engine.leave(first)
+    assert engine.runner.members == []  # the last one owns its storage again
+    assert second.layers[0].keys._base is None
+    engine.queue(DecodeRow(second, torch.tensor([6])))
+    engine.step()
+    assert second.stats().seen == 14 and engine.rows_fed == 3
 
 
 def test_a_failed_step_fails_every_ticket_in_it_and_the_engine_goes_on():
@@ -44,7 +58,7 @@ def test_a_failed_step_fails_every_ticket_in_it_and_the_engine_goes_on():
     bystander = engine.queue(PromptChunk(other, torch.arange(3, 9)[None]))
     engine.step()
     for ticket in (bad, bystander):
-        with pytest.raises(CacheStateError, match="sinks are filled"):
+        with pytest.raises(CacheStateError, match="sinks filled"):
             ticket.result()
     assert engine.steps == 0
     again = engine.queue(PromptChunk(SinkCache.for_model(model, 4, 40), torch.arange(3, 9)[None]))

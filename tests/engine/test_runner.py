@@ -43,8 +43,9 @@ def caches(model, prompts: list[int]) -> list[SinkCache]:
     return made
 
 
+@pytest.mark.parametrize("decoding", [2, 1], ids=["pooled rows", "one reply alone"])
 @pytest.mark.parametrize("name", ["llama-fused", "qwen2-fused", "gemma2", "llama"])
-def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(name):
+def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(name, decoding):
     # gemma2 has sliding layers beside the sink layers; the fused models run the ragged lean pass
     model = model_for(name)
     runner = Runner(model)
@@ -52,19 +53,20 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
     # two replies decoding (one of them evicting), one conversation reading a chunk, one its first
     mixed = caches(model, [12, 44, 9, 0])
     alone = [copy.deepcopy(cache) for cache in mixed]
-    tokens = [torch.tensor([5]), torch.tensor([7])]
+    tokens = [torch.tensor([5]), torch.tensor([7])][:decoding]
     chunk, first = ids(17, 10), ids(6, 11)
 
     scheduled = Scheduled(
-        rows=[Ticket(DecodeRow(cache, token)) for cache, token in zip(mixed[:2], tokens, strict=True)],
+        rows=[Ticket(DecodeRow(cache, token)) for cache, token in zip(mixed, tokens, strict=False)],
         chunks=[Ticket(PromptChunk(mixed[2], chunk)), Ticket(PromptChunk(mixed[3], first))],
     )
     outcomes = runner.run(scheduled)
-    for cache in mixed[:2]:
+    assert len(runner.members) == (decoding if decoding > 1 else 0)  # one reply alone decodes through its own cache
+    for cache in mixed[:decoding]:
         runner.leave(cache)
 
     pool = CacheBatch()
-    for cache in alone[:2]:
+    for cache in alone[:decoding]:
         pool.join(cache)
     with pool.decode_step(tokens) as step:
         rows = model(
@@ -75,16 +77,17 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
             use_cache=True,
             logits_to_keep=1,
         ).logits  # [2, 1, vocab]
-    for cache in alone[:2]:
+    for cache in alone[:decoding]:
         pool.leave(cache)
-    expected = [rows[0:1], rows[1:2], forward(model, alone[2], chunk).logits, forward(model, alone[3], first).logits]
+    expected = [rows[0:1], rows[1:2]][:decoding]
+    expected += [forward(model, alone[2], chunk).logits, forward(model, alone[3], first).logits]
 
-    assert [outcome.logits.shape for outcome in outcomes] == [(1, 1, VOCAB)] * 4
+    assert [outcome.logits.shape for outcome in outcomes] == [(1, 1, VOCAB)] * (decoding + 2)
     for outcome, logits in zip(outcomes, expected, strict=True):
         torch.testing.assert_close(outcome.logits, logits, rtol=0, atol=1e-5)
         assert outcome.logits.argmax() == logits.argmax()
-    assert outcomes[1].eviction is not None and outcomes[1].eviction.count == 1  # its sinks and window were full
-    assert [outcome.eviction for outcome in outcomes[::2]] == [None, None]
+    evictions = [outcome.eviction.count if outcome.eviction else 0 for outcome in outcomes]
+    assert evictions == [*[0, 1][:decoding], 0, 0]  # the second reply's sinks and window were full
     for one, other in zip(alone, mixed, strict=True):
         mine, theirs = cache_state(one), cache_state(other)
         assert mine.keys() == theirs.keys()
