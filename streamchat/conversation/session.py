@@ -136,10 +136,11 @@ class ChatSession:
     def channel(self) -> StepChannel | None:
         return self.token_loop.channel
 
-    def run_in(self, engine: Engine | None) -> None:
+    def run_in(self, engine: Engine | None, drives: bool = False) -> None:
         """Take every forward pass in `engine`'s steps, together with other sessions' over the same model
-        (None: alone)."""
-        self.token_loop.engine = None if engine is None else EngineSteps(engine)
+        (None: through the decoder's own step); `drives`: the engine is this session's alone, and it runs
+        the steps itself."""
+        self.token_loop.engine = None if engine is None else EngineSteps(engine, drives)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

@@ -52,15 +52,15 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._queued)
 
-    def step(self) -> None:
-        """Run the next step: schedule, one forward pass, settle its tickets.
+    def step(self) -> bool:
+        """Run the next step: schedule, one forward pass, settle its tickets; False when nothing could run.
 
         A failure (out of memory, a bug) settles every ticket of the step with it: each
         conversation waiting on one hears of it, and the engine goes on without them.
         """
         scheduled = schedule(self._queued, self.runner.members, self.token_budget)
         if not scheduled:
-            return
+            return False
         tickets = scheduled.tickets
         running = {id(ticket) for ticket in tickets}
         self._queued = [ticket for ticket in self._queued if id(ticket) not in running]
@@ -69,12 +69,13 @@ class Engine:
         except Exception as error:
             for ticket in tickets:
                 ticket.settle(error)
-            return
+            return True
         for ticket, outcome in zip(tickets, outcomes, strict=True):
             ticket.settle(outcome)
         self.steps += 1
         self.rows_fed += len(scheduled.rows)
         self.chunk_tokens += sum(ticket.work.tokens for ticket in scheduled.chunks)
+        return True
 
     def leave(self, cache: SinkCache) -> None:
         """`cache`'s reply ended (or was abandoned): its queued work is dropped and it leaves the pool."""

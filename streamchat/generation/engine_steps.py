@@ -12,6 +12,8 @@ Each row draws its own token, from its own logits, with its own settings and see
 sampler, exactly as its Decoder does alone; the engine only feeds the tokens together
 (streamchat.engine). A conversation yields StepQueued while its work waits, so whoever
 drives it can move every other conversation up to its next piece of work before the step.
+A conversation that has the engine to itself (`drives`: the chat, a piped run) runs the
+step itself instead, and yields nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.engine.engine import Engine
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
+from streamchat.errors import CacheStateError
 from streamchat.generation.decoder import Decoded, Decoder
 from streamchat.generation.events import StepQueued
 
@@ -30,8 +33,9 @@ from streamchat.generation.events import StepQueued
 class EngineSteps:
     """What a token loop hands the engine, and how it waits for the step that runs it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, drives: bool = False) -> None:
         self.engine = engine
+        self.drives = drives  # the engine is this conversation's alone: it runs each step as its work is queued
 
     def next(self, decoder: Decoder, stop_requested: bool = False) -> Generator[StepQueued, None, Decoded | None]:
         """Decoder.next() in the engine: the token drawn and fed (StepQueued until then); None on stop()."""
@@ -56,6 +60,11 @@ class EngineSteps:
 
     def _wait(self, work: Work) -> Generator[StepQueued, None, Fed]:
         ticket = self.engine.queue(work)
+        if self.drives:
+            while not ticket.done:
+                if not self.engine.step():
+                    raise CacheStateError("the engine's step ran nothing: is another conversation using it?")
+            return ticket.result()
         try:
             while not ticket.done:
                 yield StepQueued()
