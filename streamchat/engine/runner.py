@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache.batch import BatchStep, CacheBatch
-from streamchat.cache.sink_cache import SinkCache, Step
+from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
 from streamchat.engine.scheduler import Scheduled
-from streamchat.engine.work import DecodeRow, Fed
+from streamchat.engine.work import DecodeRow, Fed, PromptChunk
 from streamchat.placement.lean_forward import Segment, lean_forward_for
 
 
@@ -53,8 +53,7 @@ class Runner:
         with torch.inference_mode(), ExitStack() as opened:
             decode = self._open_rows(rows, opened) if rows else None
             reads = [opened.enter_context(chunk.cache.step(chunk.ids)) for chunk in chunks]
-            run = self._ragged if self.lean is not None else self._each
-            logits = run(decode, [chunk.ids for chunk in chunks], reads, [chunk.cache for chunk in chunks])
+            logits = (self._ragged if self.lean is not None else self._each)(decode, chunks, reads)
         evictions = [*(decode.step.evictions if decode is not None else []), *(read.eviction for read in reads)]
         return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
 
@@ -76,11 +75,9 @@ class Runner:
             self.pool.join(row.cache)  # a no-op for a member; a joiner takes the next row
         return _Rows(self.pool, opened.enter_context(self.pool.decode_step([row.token for row in rows])))
 
-    def _ragged(
-        self, decode: _Rows | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
-    ) -> torch.Tensor:
+    def _ragged(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
         """One lean pass over every row and chunk: logits [outputs, vocab]."""
-        if not ids:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
+        if not chunks:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
             inputs = decode.step.inputs
             return self.lean(decode.step.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
         tokens, positions, segments = [], [], []
@@ -89,36 +86,25 @@ class Runner:
             tokens.append(step.input_ids[:, 0])  # [rows]: the pool has no padding rows here (no fixed_rows)
             positions.append(step.inputs.position_ids[:, 0])
             segments.append(Segment(len(tokens[0]), decode.cache, step.inputs.attention_mask, decode=True))
-        for chunk, read, cache in zip(ids, reads, caches, strict=True):
-            tokens.append(chunk[0])
+        for chunk, read in zip(chunks, reads, strict=True):
+            tokens.append(chunk.ids[0])
             positions.append(read.inputs.position_ids[0])
-            segments.append(Segment(chunk.shape[-1], cache, read.inputs.attention_mask, decode=False))
+            segments.append(Segment(chunk.tokens, chunk.cache, read.inputs.attention_mask, decode=False))
         return self.lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
 
-    def _each(
-        self, decode: _Rows | None, ids: list[torch.Tensor], reads: list[Step], caches: list[SinkCache]
-    ) -> torch.Tensor:
+    def _each(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
         """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
-        logits = []
-        if decode is not None:
-            inputs = decode.step.inputs
-            out = self.model(
-                input_ids=decode.step.input_ids,
-                cache=decode.cache,
-                position_ids=inputs.position_ids,
-                attention_mask=inputs.attention_mask,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits  # [rows, 1, vocab]
-            logits.append(out[:, -1])
-        for chunk, read, cache in zip(ids, reads, caches, strict=True):
-            out = self.model(
-                input_ids=chunk,
-                cache=cache,
-                position_ids=read.inputs.position_ids,
-                attention_mask=read.inputs.attention_mask,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits  # [1, 1, vocab]
-            logits.append(out[:, -1])
-        return torch.cat(logits)
+        parts = [] if decode is None else [(decode.step.input_ids, decode.cache, decode.step.inputs)]
+        parts += [(chunk.ids, chunk.cache, read.inputs) for chunk, read in zip(chunks, reads, strict=True)]
+        return torch.cat([self._last_logits(ids, cache, inputs) for ids, cache, inputs in parts])
+
+    def _last_logits(self, input_ids: torch.Tensor, cache: Any, inputs: StepInputs) -> torch.Tensor:
+        """The model's forward over input_ids [rows, n]: each row's last logits [rows, vocab]."""
+        return self.model(
+            input_ids=input_ids,
+            cache=cache,
+            position_ids=inputs.position_ids,
+            attention_mask=inputs.attention_mask,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]

@@ -60,15 +60,13 @@ class EngineSteps:
 
     def _wait(self, work: Work) -> Generator[StepQueued, None, Fed]:
         ticket = self.engine.queue(work)
-        if self.drives:
-            while not ticket.done:
-                if not self.engine.step():
-                    raise CacheStateError("the engine's step ran nothing: is another conversation using it?")
-            return ticket.result()
         try:
             while not ticket.done:
-                yield StepQueued()
+                if not self.drives:
+                    yield StepQueued()
+                elif not self.engine.step():
+                    raise CacheStateError("the engine's step ran nothing: is another conversation using it?")
         finally:
-            if not ticket.done:  # abandoned while queued: the step must not feed it behind its back
+            if not ticket.done:  # abandoned while queued (or interrupted): no step may feed it behind its back
                 self.engine.withdraw(ticket)
         return ticket.result()

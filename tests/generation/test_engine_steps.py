@@ -170,3 +170,27 @@ def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_res
         assert [e.text for e in restored.chat("More?") if hasattr(e, "text")] == [
             e.text for e in one.chat("More?") if hasattr(e, "text")
         ]
+
+
+def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_nothing():
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    model = copy.deepcopy(tiny_model("llama", vocab_size=700))
+    fuse_projections(model)  # the chat's models are fused: the engine's lean pass
+    settings = GenerationSettings(max_new_tokens=40, temperature=0.7, seed=9)
+
+    def session() -> ChatSession:
+        options = SessionOptions(settings=settings, window=40, system_prompt="Hi.")
+        return ChatSession(model, byte_level_tokenizer(), options)
+
+    alone, driven = session(), session()
+    engine = Engine(model)
+    driven.run_in(engine, drives=True)
+    for question in ["Hello there.", "And then what happened?", "Go on."]:
+        mine = list(alone.chat(question))
+        theirs = list(driven.chat(question))
+        assert not any(isinstance(event, StepQueued) for event in theirs)
+        assert [e.text for e in theirs if hasattr(e, "text")] == [e.text for e in mine if hasattr(e, "text")]
+    assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
+    assert engine.steps > 0 and engine.runner.members == []  # every step ran through the engine, one row
