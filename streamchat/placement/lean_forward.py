@@ -57,7 +57,7 @@ class Segment(NamedTuple):
     """Consecutive tokens of a ragged step that attend through one cache."""
 
     length: int  # how many of the step's tokens
-    cache: Any  # decode rows: a CacheBatch, one token a row; a chunk: the SinkCache of its conversation
+    cache: Any  # decode rows: the pool (a CacheBatch) or one reply's SinkCache; a chunk: its conversation's SinkCache
     mask: torch.Tensor | dict[str, torch.Tensor]  # as the cache's step handed it over
     decode: bool  # one token for each of `length` rows, or one row of `length` tokens
 
