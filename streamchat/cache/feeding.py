@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache.ledger import Eviction
-from streamchat.cache.sink_cache import SinkCache
+from streamchat.cache.sink_cache import SinkCache, StepInputs
 from streamchat.errors import CacheConfigError
 
 
@@ -61,12 +61,21 @@ def forward(model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: b
     and the eviction that made room for the pass (None when nothing had to leave).
     """
     with cache.step(input_ids) as step:
-        logits = model(
-            input_ids=input_ids,
-            cache=cache,
-            position_ids=step.inputs.position_ids,
-            attention_mask=step.inputs.attention_mask,
-            use_cache=True,
-            logits_to_keep=0 if all_logits else 1,
-        ).logits
+        logits = step_logits(model, cache, input_ids, step.inputs, all_logits)
     return Forwarded(logits, step.eviction)
+
+
+def step_logits(
+    model: Any, cache: Any, input_ids: torch.Tensor, inputs: StepInputs, all_logits: bool = False
+) -> torch.Tensor:
+    """The model's forward over input_ids [rows, n] inside an open step of `cache` (a SinkCache, or a CacheBatch
+    for decode rows), at the positions and under the masks the step handed over: logits [rows, n, vocab] with
+    `all_logits`, else the last position's [rows, 1, vocab]. Compilable."""
+    return model(
+        input_ids=input_ids,
+        cache=cache,
+        position_ids=inputs.position_ids,
+        attention_mask=inputs.attention_mask,
+        use_cache=True,
+        logits_to_keep=0 if all_logits else 1,
+    ).logits

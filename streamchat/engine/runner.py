@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache.batch import BatchStep, CacheBatch
-from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
+from streamchat.cache.feeding import step_logits
+from streamchat.cache.sink_cache import SinkCache, Step
 from streamchat.engine.scheduler import Scheduled
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk
 from streamchat.placement.lean_forward import Segment, lean_forward_for
@@ -96,15 +97,4 @@ class Runner:
         """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
         parts = [] if decode is None else [(decode.step.input_ids, decode.cache, decode.step.inputs)]
         parts += [(chunk.ids, chunk.cache, read.inputs) for chunk, read in zip(chunks, reads, strict=True)]
-        return torch.cat([self._last_logits(ids, cache, inputs) for ids, cache, inputs in parts])
-
-    def _last_logits(self, input_ids: torch.Tensor, cache: Any, inputs: StepInputs) -> torch.Tensor:
-        """The model's forward over input_ids [rows, n]: each row's last logits [rows, vocab]."""
-        return self.model(
-            input_ids=input_ids,
-            cache=cache,
-            position_ids=inputs.position_ids,
-            attention_mask=inputs.attention_mask,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        return torch.cat([step_logits(self.model, cache, ids, inputs)[:, -1] for ids, cache, inputs in parts])

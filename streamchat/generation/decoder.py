@@ -37,6 +37,7 @@ import torch
 
 from streamchat import defaults
 from streamchat.cache import SinkCache, forward
+from streamchat.cache.feeding import step_logits
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
@@ -55,15 +56,7 @@ from streamchat.placement.lean_forward import lean_forward_for
 
 def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
     """The body of `with cache.decode_step()` for token [1, 1]: logits [1, 1, vocab]. Compilable."""
-    inputs = cache.decode_inputs(token)
-    return model(
-        input_ids=token,
-        cache=cache,
-        position_ids=inputs.position_ids,
-        attention_mask=inputs.attention_mask,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits
+    return step_logits(model, cache, token, cache.decode_inputs(token))
 
 
 def step_function(model: Any, lean: bool = True) -> Any:

@@ -7,6 +7,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch, bucket
+from streamchat.cache.feeding import step_logits
 from streamchat.cache.snapshots import cache_state
 from streamchat.errors import CacheStateError
 from tests.support.models import VOCAB, tiny_model
@@ -20,14 +21,7 @@ def filled(model, sinks: int, tokens: int, seed: int) -> SinkCache:
 
 def step(model, batch: CacheBatch, tokens: list[int]) -> torch.Tensor:
     with batch.decode_step([torch.tensor([token]) for token in tokens]) as opened:
-        return model(
-            input_ids=opened.input_ids,
-            cache=batch,
-            position_ids=opened.inputs.position_ids,
-            attention_mask=opened.inputs.attention_mask,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits
+        return step_logits(model, batch, opened.input_ids, opened.inputs)
 
 
 def test_buckets_are_powers_of_two():

@@ -10,6 +10,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward, prefill_chunks
 from streamchat.cache.batch import CacheBatch
+from streamchat.cache.feeding import step_logits
 from streamchat.cache.snapshots import cache_state
 from streamchat.engine.runner import Runner
 from streamchat.engine.scheduler import Scheduled
@@ -69,14 +70,7 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
     for cache in alone[:decoding]:
         pool.join(cache)
     with pool.decode_step(tokens) as step:
-        rows = model(
-            input_ids=step.input_ids,
-            cache=pool,
-            position_ids=step.inputs.position_ids,
-            attention_mask=step.inputs.attention_mask,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits  # [2, 1, vocab]
+        rows = step_logits(model, pool, step.input_ids, step.inputs)  # [rows, 1, vocab]
     for cache in alone[:decoding]:
         pool.leave(cache)
     expected = [rows[0:1], rows[1:2]][:decoding]
