@@ -72,8 +72,7 @@ class Runner:
             cache, token = rows[0].cache, rows[0].token.reshape(1, 1)
             eviction = opened.enter_context(cache.decode_step())
             return _Rows(cache, BatchStep(token, cache.decode_inputs(token), [eviction]))
-        for row in rows:
-            self.pool.join(row.cache)  # a no-op for a member; a joiner takes the next row
+        self.pool.join(*(row.cache for row in rows))  # members stay; joiners take the next rows, in order
         return _Rows(self.pool, opened.enter_context(self.pool.decode_step([row.token for row in rows])))
 
     def _ragged(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:

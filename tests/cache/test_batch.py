@@ -51,6 +51,22 @@ def test_members_view_their_rows_and_leaving_gives_each_its_own_storage_back():
             assert torch.equal(tensor, state[name]), name
 
 
+def test_caches_joining_together_take_the_next_rows_in_order():
+    model = tiny_model("llama")
+    caches = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 10), (6, 20), (2, 7)])]
+    before = [cache_state(cache) for cache in caches]
+    batch = CacheBatch()
+    batch.join(caches[0])
+    batch.join(caches[1], caches[2], caches[1], caches[0])  # repeats and members are skipped
+    assert batch.members == caches
+    assert batch._keys[0].shape[0] == bucket(3)
+    for row, cache in enumerate(caches):
+        assert cache.layers[0].keys.data_ptr() == batch._keys[0][row].data_ptr()
+    for cache, state in zip(caches, before, strict=True):
+        for name, tensor in cache_state(cache).items():
+            assert torch.equal(tensor, state[name]), name
+
+
 def test_a_batched_step_gives_each_row_the_logits_of_its_own_step():
     model = tiny_model("qwen2")
     alone = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 28), (3, 12)])]
