@@ -72,6 +72,9 @@ class LeanForward:
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
         self.head = model.get_output_embeddings()
+        # A plain head on a CPU, for which rows go through BLAS weight-first (_logits).
+        plain = type(self.head) is torch.nn.Linear and self.head.bias is None
+        self._weight_major_head = plain and self.head.weight.device.type == "cpu"
         self.eps = config.rms_norm_eps
         first = inner.layers[0].self_attn
         self.head_dim = first.head_dim
@@ -117,7 +120,7 @@ class LeanForward:
             hidden = hidden + layer.o_proj(attended.reshape(batch, 1, self.q_heads * self.head_dim))
             gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
-        return self.head(self._norm(hidden, self.final_norm))
+        return self._logits(self._norm(hidden, self.final_norm))
 
     def ragged(self, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
         """Logits [1, outputs, vocab] for input_ids [tokens] at position_ids [tokens], cut into `segments` in order:
@@ -146,7 +149,19 @@ class LeanForward:
             start += segment.length
             last.extend(range(start - segment.length, start) if segment.decode else [start - 1])
         kept = hidden[:, last] if len(last) < hidden.shape[1] else hidden
-        return self.head(self._norm(kept, self.final_norm))
+        return self._logits(self._norm(kept, self.final_norm))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's product of hidden [..., hidden] -> logits [..., vocab].
+
+        For several rows on a CPU, as weight @ rows.T: BLAS then splits the head's rows (the
+        vocabulary, 49152 for the default model) over the threads, where F.linear's call
+        runs 2-32 rows 1.5-1.8x slower (scripts/row_product_figures.py). One row is a
+        matrix-vector product either way, and is left to the module."""
+        rows = hidden.reshape(-1, hidden.shape[-1])  # [..., hidden] -> [rows, hidden]
+        if rows.shape[0] == 1 or not self._weight_major_head:
+            return self.head(hidden)
+        return torch.mm(self.head.weight, rows.t()).t().reshape(*hidden.shape[:-1], -1)
 
     def _attend_rows(
         self, layer: _Layer, cache: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Any
