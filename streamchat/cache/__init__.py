@@ -10,9 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamchat.cache.architectures import LayerSpec, layer_specs
     from streamchat.cache.feeding import FedChunk, Forwarded, forward, prefill_chunks
     from streamchat.cache.ledger import CacheStats, Eviction
-    from streamchat.cache.sink_cache import LayerSpec, SinkCache, Step, StepInputs, layer_specs
+    from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
 
 _HOMES = {
     "CacheStats": "ledger",
@@ -21,11 +22,11 @@ _HOMES = {
     "Forwarded": "feeding",
     "forward": "feeding",
     "prefill_chunks": "feeding",
-    "LayerSpec": "sink_cache",
+    "LayerSpec": "architectures",
     "SinkCache": "sink_cache",
     "Step": "sink_cache",
     "StepInputs": "sink_cache",
-    "layer_specs": "sink_cache",
+    "layer_specs": "architectures",
 }
 
 __all__ = [

@@ -2,7 +2,7 @@
 
     batch = CacheBatch()
     batch.join(cache)                          # its layers' storage is now a view of a row of the pool
-    with batch.decode_step(tokens) as step:    # tokens [rows, 1]: one token for every member, in row order
+    with batch.decode_step(tokens, labels, token_ids) as step:   # one token for every member, in row order
         model(input_ids=step.input_ids, cache=batch, position_ids=step.inputs.position_ids,
               attention_mask=step.inputs.attention_mask)
     batch.leave(cache)                         # its storage is its own again (a copy of its row)
@@ -14,8 +14,9 @@ In a pool, a member's layers *are* views of its row (`keys[row:row + 1, :, :slot
 the batched attention reads the pool as it is, and each row's write lands in its cache.
 
 Every member stays a SinkCache of its own: its ledgers plan its step (its sinks, window,
-positions, sink shift, evictions) and its occupancy marks its slots, exactly as a one-row
-decode step does; only the device work of the step is shared. Whatever reads or writes a
+positions, sink shift, evictions), its occupancy marks its slots and its record (record.py)
+takes its token and label, exactly as a one-row decode step does; only the device work of
+the step is shared. Whatever reads or writes a
 member's storage in place (checkpoints, reply snapshots, cache_state) is unchanged while
 it is a member. Leaving copies its row out, so a cache outside a batch owns its tensors
 and is saved and restored as always. Members sit in rows 0..n-1: one leaving gives its row
@@ -39,8 +40,9 @@ from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.cache.ledger import Eviction
+from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.cache.occupancy import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
+from streamchat.cache.record import UNREAD
 from streamchat.cache.sink_cache import SinkCache, StepInputs
 from streamchat.errors import CacheStateError
 
@@ -134,17 +136,27 @@ class CacheBatch(Cache):
     # ---- the step ------------------------------------------------------------------------------
 
     @contextmanager
-    def decode_step(self, tokens: Sequence[torch.Tensor]) -> Iterator[BatchStep]:
+    def decode_step(
+        self,
+        tokens: Sequence[torch.Tensor],
+        labels: Sequence[int] | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> Iterator[BatchStep]:
         """One token for every member (`tokens`, one [1] tensor each, in row order), one forward pass.
 
-        Entering plans each member's step as its own decode_step() does (room made, slots and
-        angles sent) and marks its slots; the block runs the model; leaving closes every
-        member's step. An exception from the block leaves the members torn, as in a one-row step.
+        Entering plans each member's step as its own decode_step(label, token_id) does (room
+        made, slots and angles sent, the token recorded with its label and, when given, its id)
+        and marks its slots; the block runs the model; leaving closes every member's step. An
+        exception from the block leaves the members torn, as in a one-row step.
         """
-        if len(tokens) != len(self.members):
-            raise CacheStateError(f"a batch of {len(self.members)} caches got {len(tokens)} tokens")
+        count = len(self.members)
+        if len(tokens) != count:
+            raise CacheStateError(f"a batch of {count} caches got {len(tokens)} tokens")
+        labels = [NO_LABEL] * count if labels is None else labels
+        token_ids = [UNREAD] * count if token_ids is None else token_ids
         with torch.inference_mode(), ExitStack() as opened:
-            evictions = [opened.enter_context(member.decode_step()) for member in self.members]
+            fed = zip(self.members, labels, token_ids, strict=True)
+            evictions = [opened.enter_context(member.decode_step(label, token)) for member, label, token in fed]
             step = self._open(tokens)
             try:
                 yield BatchStep(step[0], step[1], evictions)

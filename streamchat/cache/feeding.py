@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from streamchat.cache.ledger import Eviction
+from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.cache.sink_cache import SinkCache, StepInputs
 from streamchat.errors import CacheConfigError
 
@@ -45,22 +45,27 @@ def prefill_chunks(
     input_ids: torch.Tensor,
     chunk_size: int,
     all_logits: bool = False,
+    label: int = NO_LABEL,
 ) -> Iterator[FedChunk]:
-    """Feed input_ids [1, n]; yield each chunk with its logits, as forward() returns them, and its eviction."""
+    """Feed input_ids [1, n], recorded with `label`; yield each chunk with its logits, as forward() returns
+    them, and its eviction."""
     start = 0
     for size in chunk_sizes(input_ids.shape[-1], cache, chunk_size):
         chunk = input_ids[:, start : start + size]
-        yield FedChunk(chunk, *forward(model, cache, chunk, all_logits))
+        yield FedChunk(chunk, *forward(model, cache, chunk, all_logits, label))
         start += size
 
 
-def forward(model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: bool = False) -> Forwarded:
-    """One forward pass of input_ids [1, n] through the cache, which evicts what does not fit.
+def forward(
+    model: Any, cache: SinkCache, input_ids: torch.Tensor, all_logits: bool = False, label: int = NO_LABEL
+) -> Forwarded:
+    """One forward pass of input_ids [1, n] through the cache, which evicts what does not fit and records
+    the tokens with `label` (streamchat.cache.record: what the model sees, and what each token came with).
 
     Returns the logits ([1, n, vocab] with `all_logits`, else the last position's [1, 1, vocab])
     and the eviction that made room for the pass (None when nothing had to leave).
     """
-    with cache.step(input_ids) as step:
+    with cache.step(input_ids, label) as step:
         logits = step_logits(model, cache, input_ids, step.inputs, all_logits)
     return Forwarded(logits, step.eviction)
 

@@ -30,6 +30,8 @@ from streamchat.errors import CacheConfigError
 
 # A decode step needs one free slot in the window.
 SMALLEST_WINDOW = 1
+# The label of a token fed without one (record.py: the cache keeps each token's label, never reads it).
+NO_LABEL = -1
 
 Run = tuple[int, int]  # a [start, stop) range of slots
 
@@ -112,6 +114,9 @@ class Eviction:
     first_index: int
     last_index: int
     stats: CacheStats
+    # Their ids, oldest first, from the cache's record (record.py) before any step reuses their slots;
+    # empty from a ledger alone, which counts tokens without knowing them.
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,10 @@ class StreamLedger:
         self.position_offset = 0
         # While set, a due rebase waits (a reply that /regen may take back is running).
         self.rebase_held = False
+        # Tokens the feeder passed over without feeding them (a long prompt's unread middle): forgotten, never held.
+        self.skipped = 0
+        # The label of the latest token evicted or skipped: what a view calls partly forgotten (record.py).
+        self.last_forgotten_label = NO_LABEL
 
     def copy(self) -> StreamLedger:
         clone = object.__new__(StreamLedger)
@@ -177,6 +186,18 @@ class StreamLedger:
     @property
     def used(self) -> int:
         return self.stats().used
+
+    @property
+    def forgotten(self) -> int:
+        """Tokens of the stream no longer seen: evicted, or skipped without being fed."""
+        return self.evicted + self.skipped
+
+    @property
+    def newest_slot(self) -> int:
+        """The physical slot of the newest token held (the cache holds at least one)."""
+        if self.ring.length:
+            return self.sinks + (self.ring.head + self.ring.length - 1) % self.ring.slots
+        return self.sinks_held - 1
 
     @property
     def sinks_full(self) -> bool:
@@ -247,6 +268,14 @@ class StreamLedger:
         self.ring.pop(count)
         self.evicted += count
         return Eviction(count=count, first_index=first, last_index=first + count - 1, stats=self.stats())
+
+    def skip(self, count: int, label: int) -> None:
+        """Count `count` tokens labelled `label` as forgotten without their ever being fed."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise CacheConfigError(f"cannot skip {count!r} tokens")
+        if count:
+            self.skipped += count
+            self.last_forgotten_label = label
 
     def step(self, incoming: int) -> SinkStep:
         """Assign slots to `incoming` tokens and advance the clock; the window must have room."""

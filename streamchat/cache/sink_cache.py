@@ -1,19 +1,21 @@
 """SinkCache: the transformers Cache that streams a conversation through sinks + a rolling window.
 
     cache = SinkCache.for_model(model, sinks=4, window=2000)
-    logits, eviction = forward(model, cache, input_ids)   # streamchat.cache.feeding: any number of calls, forever
+    logits, eviction = forward(model, cache, input_ids, label=0)   # streamchat.cache.feeding: forever
+    cache.held_tokens()                    # what the model sees now, each token with its label (record.py)
 
 Each forward pass is one step of the cache, taken in one call:
 
-    with cache.step(input_ids) as step:    # room made (step.eviction: what left), slots and positions assigned
+    with cache.step(input_ids, label) as step:   # room made (step.eviction: what left), slots, positions assigned
         model(input_ids=input_ids, cache=cache, position_ids=step.inputs.position_ids,
               attention_mask=step.inputs.attention_mask)   # the layers write through `update`
 
 Leaving the block closes the step; an exception from the model leaves the cache torn
 (is_consistent() is False) until it is reset. A decode step into a cache whose sinks
 are full can instead be taken with device tensors only, so its shapes never change and
-it compiles to one graph: `with cache.decode_step() as eviction:` plans it on the host,
-and the block runs `decode_inputs(token)` and the model, device work only.
+it compiles to one graph: `with cache.decode_step(label) as eviction:` plans it on the
+host, and the block runs `decode_inputs(token)` and the model, device work only; the host
+names its token when it reads it back (`learn_token`), unless it knew it before the step.
 
 A step makes the room it needs. `evict_for_space(n)` makes room ahead, for a caller
 that wants more than the next step needs (the paper's per-turn policy).
@@ -21,18 +23,27 @@ that wants more than the next step needs (the paper's per-turn policy).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from transformers.cache_utils import Cache, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.architectures import ensure_supported
+from streamchat.cache.architectures import LayerSpec, layer_specs
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.cache.ledger import CacheStats, Eviction, Run, SinkStep, SlidingLedger, SlidingStep, StreamLedger
+from streamchat.cache.ledger import (
+    NO_LABEL,
+    CacheStats,
+    Eviction,
+    Run,
+    SinkStep,
+    SlidingLedger,
+    SlidingStep,
+    StreamLedger,
+)
 from streamchat.cache.occupancy import (
     POSITION,
     SINK_SHIFT,
@@ -42,20 +53,11 @@ from streamchat.cache.occupancy import (
     Occupancy,
     slot_index,
 )
-from streamchat.cache.rope import RotaryLayout, RotaryTable
+from streamchat.cache.record import UNREAD, HeldTokens, SlotRecord
+from streamchat.cache.rope import RotaryTable
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
 DECODE = "decode"  # what _step holds during a decode step taken with device tensors
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One attention layer: its rotary frequencies, and the model's own sliding window if it has one."""
-
-    inv_freq: torch.Tensor
-    layout: RotaryLayout = "rotate_half"
-    sliding_window: int | None = None
-    layer_type: str = "full_attention"  # the model's name for the layer's kind (config.layer_types)
 
 
 class StepInputs(NamedTuple):
@@ -100,6 +102,7 @@ class SinkCache(Cache):
         self.device = torch.device(device)
         self.static_extent = False  # decode steps attend over every slot (set for compiled steps)
         self.occupancy = Occupancy(self.ledger.slots, self.sliding.slots if self.sliding else 0, self.device)
+        self.record = SlotRecord.empty(self.ledger.slots)  # each sink-layer slot's token and label, on the host
         self._step: SinkStep | str | None = None
         self._sliding_step: SlidingStep | None = None
         self._rotation: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table index -> (cos, sin)
@@ -143,8 +146,32 @@ class SinkCache(Cache):
         for a prompt and its reply at once (TokenLoop.prefill's `reply_room`).
         """
         count = self.ledger.overflow(incoming)
-        self._freed.extend(self.ledger.ring.runs(self.ledger.ring.head, count))
-        return self.ledger.evict(count)
+        freed = self.ledger.ring.runs(self.ledger.ring.head, count)
+        self._freed.extend(freed)
+        eviction = self.ledger.evict(count)
+        if eviction is None:
+            return None
+        # Read before any step reuses the slots: the tokens that left, for whoever shows or recalls them.
+        token_ids, labels = self.record.read(self._physical(freed))
+        self.ledger.last_forgotten_label = labels[-1]
+        return dataclasses.replace(eviction, token_ids=tuple(token_ids))
+
+    def count_skipped(self, count: int, label: int) -> None:
+        """`count` tokens labelled `label` were passed over unfed (a long prompt's middle): forgotten all the same."""
+        self.ledger.skip(count, label)
+
+    def held_tokens(self) -> HeldTokens:
+        """What the model sees now, in stream order, each token with its label; and what it forgot."""
+        return self.record.held(self.ledger)
+
+    def restore_held(self, held: HeldTokens) -> None:
+        """After load_cache_state (snapshots.py): the held slots' tokens and labels, and what was forgotten, as
+        held_tokens() gave them when the state was saved. CacheStateError when they do not fit the ledger."""
+        self.record.put_held(self.ledger, held)
+
+    def learn_token(self, token_id: int) -> None:
+        """The id of the newest token, read back on the host after a decode step fed it from the device."""
+        self.record.token_ids[self.ledger.newest_slot] = token_id
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The rotary position of the next token."""
@@ -155,8 +182,9 @@ class SinkCache(Cache):
         return self._step is None
 
     @contextmanager
-    def step(self, input_ids: torch.Tensor) -> Iterator[Step]:
-        """One forward pass of input_ids [1, n]: the model runs inside the block, under inference mode.
+    def step(self, input_ids: torch.Tensor, label: int = NO_LABEL) -> Iterator[Step]:
+        """One forward pass of input_ids [1, n], each token recorded with `label`: the model runs inside the
+        block, under inference mode.
 
         Entering makes room, assigns the tokens' slots and positions and yields the position
         ids and masks the model runs with, and the eviction that made the room. Leaving
@@ -165,23 +193,24 @@ class SinkCache(Cache):
         """
         with torch.inference_mode():
             eviction = self._open(input_ids.shape[-1])
-            yield Step(self._frame(input_ids), eviction)
+            yield Step(self._frame(input_ids, label), eviction)
             self._close()
 
     @contextmanager
-    def decode_step(self) -> Iterator[Eviction | None]:
+    def decode_step(self, label: int = NO_LABEL, token_id: int = UNREAD) -> Iterator[Eviction | None]:
         """One token's forward pass with device tensors only, once the sinks are full; yields its eviction.
 
         Entering plans the step on the host and hands its slots and angles to the device (no
         sync). The block then runs `decode_inputs(token)` and the model, device work only, the
         same every step (compilable), under inference mode. Leaving closes the pass; an
-        exception from the block leaves the cache torn, as in step().
+        exception from the block leaves the cache torn, as in step(). The token is recorded
+        with `label`, and with `token_id` when the host knows it already (else learn_token()).
         """
         if not self.ledger.sinks_full:
             raise CacheStateError("a decode step needs the sinks filled first; feed through cache.step")
         with torch.inference_mode():
             eviction = self._open(1)
-            self._plan_decode()
+            self._plan_decode(label, token_id)
             yield eviction
             self._close()
 
@@ -242,6 +271,7 @@ class SinkCache(Cache):
         self.ledger = StreamLedger(self.ledger.sinks, self.ledger.window)
         if self.sliding is not None:
             self.sliding = SlidingLedger(self.sliding.sliding_window)
+        self.record = SlotRecord.empty(self.ledger.slots)
         self.settle()
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -277,14 +307,15 @@ class SinkCache(Cache):
             self.rebase()
         return eviction
 
-    def _frame(self, input_ids: torch.Tensor) -> StepInputs:
-        """Assign slots and positions to input_ids [1, n] (room made) and build the step's inputs."""
+    def _frame(self, input_ids: torch.Tensor, label: int) -> StepInputs:
+        """Assign slots and positions to input_ids [1, n] (room made), record them, build the step's inputs."""
         incoming = input_ids.shape[-1]
         sink_step = self.ledger.step(incoming)
         sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
         self._step, self._sliding_step = sink_step, sliding_step
-        window_slots = [(self.sinks + start, self.sinks + stop) for start, stop in sink_step.window_runs]
-        new_slots = slot_index([sink_step.sink_slots, *window_slots], self.device)
+        runs = [sink_step.sink_slots, *self._physical(sink_step.window_runs)]
+        new_slots = slot_index(runs, self.device)
+        self.record.write(runs, input_ids[0].tolist(), [label] * incoming)
         self._sync_occupancy()
         self.occupancy.record(new_slots, input_ids[0])
         self._rotation = self._sink_rotation() if self._placed_shift != sink_step.sink_shift else {}
@@ -300,13 +331,14 @@ class SinkCache(Cache):
         positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
         return StepInputs(positions[None], self._attention_masks(full, sliding))
 
-    def _plan_decode(self) -> None:
-        """Plan a one-token step (room made) on the host and send its slots and angles to the device."""
+    def _plan_decode(self, label: int, token_id: int) -> None:
+        """Plan a one-token step (room made) on the host, record it, send its slots and angles to the device."""
         if sum(stop - start for start, stop in self._freed) > 1:
             self._sync_occupancy()  # more than one token left since the last step: catch up here, eagerly
         freed = self.sinks + self._freed[0][0] if self._freed else None
         step = self.ledger.step(1)
         write = self.sinks + step.window_runs[0][0]
+        self.record.write([(write, write + 1)], [token_id], [label])
         values = [step.first_position, step.sink_shift, write, write if freed is None else freed, 0, 0]
         if self.sliding is not None:
             sliding_step = self.sliding.step(1)
@@ -323,6 +355,10 @@ class SinkCache(Cache):
         elif self._step is not None and self._rotation:
             self._placed_shift = self._step.sink_shift
         self._step = self._sliding_step = None
+
+    def _physical(self, ring_runs: Sequence[Run]) -> list[Run]:
+        """Runs of ring slots as physical slots of the sink layers (the sinks come first)."""
+        return [(self.sinks + start, self.sinks + stop) for start, stop in ring_runs]
 
     def _sync_occupancy(self) -> None:
         self.occupancy.sync(self.ledger, self.sliding)
@@ -375,29 +411,3 @@ class SinkCache(Cache):
         if self._own_window(spec, window):
             return SlidingLayer(self.sliding.slots, table)
         return SinkLayer(self.ledger.sinks, self.ledger.ring.slots, table)
-
-
-def layer_specs(model: Any) -> list[LayerSpec]:
-    """Read each attention layer's rotary frequencies and sliding window from a transformers model."""
-    config = model.config.get_text_config(decoder=True)
-    layout = ensure_supported(config)
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
-    rotary = _rotary_module(model)
-    specs = []
-    for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True):
-        if layer_type not in ("full_attention", "sliding_attention"):
-            raise UnsupportedModelError(
-                f"model type '{config.model_type}' has '{layer_type}' layers, which cannot stream"
-            )
-        inv_freq = getattr(rotary, f"{layer_type}_inv_freq", None)
-        if inv_freq is None:
-            inv_freq = rotary.inv_freq
-        specs.append(LayerSpec(inv_freq, layout, kwargs.get("sliding_window"), layer_type))
-    return specs
-
-
-def _rotary_module(model: Any) -> torch.nn.Module:
-    for name, module in model.named_modules():
-        if name.endswith("rotary_emb"):
-            return module
-    raise UnsupportedModelError(f"model type '{model.config.model_type}' has no rotary embedding module")

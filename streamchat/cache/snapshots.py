@@ -1,10 +1,12 @@
 """Taking a sink cache back to an earlier state: one step, one reply, or the whole state on disk.
 
 - `Checkpoint`: the bookkeeping only. A decode step writes a free slot and evicts by
-  bookkeeping alone (ledger.py), so restoring the ledgers takes such steps back exactly;
-  a rebase, which rotates every stored key, runs before a checkpoint when it is due.
+  bookkeeping alone (ledger.py), so restoring the ledgers takes such steps back exactly,
+  the record of each slot's token (record.py) included; a rebase, which rotates every
+  stored key, runs before a checkpoint when it is due.
 - `ReplySnapshot`: what a reply can change, saved before it: the slots it may write
-  (as many as it can feed tokens, not the whole cache) and the sinks. /regen restores it.
+  (as many as it can feed tokens, not the whole cache), the sinks and the record of
+  every slot's token. /regen restores it.
   A rebase rotates every slot, so one that is due runs before the snapshot and the next
   ones wait until it is released, unless the snapshot had to save every slot anyway.
 - `cache_state` / `load_cache_state`: everything the cache holds, as named tensors (for
@@ -21,8 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.cache.ledger import Ring, SlidingLedger, StreamLedger
+from streamchat.cache.ledger import NO_LABEL, Ring, SlidingLedger, StreamLedger
 from streamchat.cache.occupancy import slot_index
+from streamchat.cache.record import SlotRecord
 from streamchat.cache.sink_cache import SinkCache
 from streamchat.errors import CacheStateError
 
@@ -61,6 +64,7 @@ class ReplySnapshot:
     saved: list[tuple[torch.Tensor, torch.Tensor] | None]  # per layer: keys, values of those slots
     pristine: list[tuple[torch.Tensor, torch.Tensor] | None]  # per sink layer: its pristine sinks
     token_ids: torch.Tensor
+    record: SlotRecord
 
     @classmethod
     @torch.inference_mode()
@@ -86,7 +90,7 @@ class ReplySnapshot:
             pristine.append((layer.pristine_sinks.clone(), layer.sink_partners.clone()) if is_sink else None)
         cache.ledger.rebase_held = not every_slot
         token_ids = cache.occupancy.token_ids.clone()
-        return cls(Checkpoint.take(cache), slots, sliding_slots, saved, pristine, token_ids)
+        return cls(Checkpoint.take(cache), slots, sliding_slots, saved, pristine, token_ids, cache.record.copy())
 
     @torch.inference_mode()
     def restore(self, cache: SinkCache) -> None:
@@ -98,6 +102,7 @@ class ReplySnapshot:
                 layer.pristine_sinks.copy_(pristine[0])
                 layer.sink_partners.copy_(pristine[1])
         cache.occupancy.token_ids.copy_(self.token_ids)
+        cache.record = self.record.copy()
         self.checkpoint.restore(cache)
 
     @property
@@ -134,7 +139,11 @@ def cache_state(cache: SinkCache) -> dict[str, torch.Tensor]:
 
 @torch.inference_mode()
 def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
-    """Put back what cache_state() saved; CacheStateError when it was saved from a cache of another shape."""
+    """Put back what cache_state() saved; CacheStateError when it was saved from a cache of another shape.
+
+    The record (record.py) takes the slots' token ids; their labels, and what was skipped, are
+    the caller's to put back (SinkCache.restore_held), as a conversation saves them beside.
+    """
     numbers = state["ledger"].tolist()
     if len(numbers) != (14 if cache.sliding is not None else 10):
         raise CacheStateError("the saved cache has other layer kinds than this model's")
@@ -179,4 +188,5 @@ def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
     if state["token_ids"].shape != cache.occupancy.token_ids.shape:
         raise CacheStateError(f"the saved cache has {state['token_ids'].shape[0]} slots, not {cache.ledger.slots}")
     cache.occupancy.token_ids.copy_(state["token_ids"])
+    cache.record = SlotRecord(state["token_ids"].tolist(), [NO_LABEL] * cache.ledger.slots)
     Checkpoint(ledger, sliding).restore(cache)

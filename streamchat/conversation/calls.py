@@ -26,8 +26,8 @@ from streamchat.conversation.kept_prefix import Keep
 from streamchat.conversation.message import Message
 from streamchat.conversation.session_options import SessionChanges
 from streamchat.conversation.state import ConversationState
+from streamchat.generation.cache_view import CacheView
 from streamchat.generation.events import Event
-from streamchat.generation.mirror import CacheView
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11

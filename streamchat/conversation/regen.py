@@ -1,4 +1,4 @@
-"""What /regen goes back to: the cache, its mirror and the logits right after the last prompt."""
+"""What /regen goes back to: the cache (its record of what it holds included) and the logits after the last prompt."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from streamchat.cache.snapshots import ReplySnapshot
-from streamchat.generation.mirror import CacheMirror
 
 if TYPE_CHECKING:
     from streamchat.generation.token_loop import TokenLoop
@@ -19,17 +18,15 @@ class RegenPoint:
     """The cache right after the last prompt: /regen restores it and draws a new reply."""
 
     cache_state: ReplySnapshot
-    mirror: CacheMirror
     logits: torch.Tensor
 
     @classmethod
     def take(cls, loop: TokenLoop, reach: int, logits: torch.Tensor) -> RegenPoint:
         """The point `loop` is at, before a reply that feeds at most `reach` tokens."""
         # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
-        return cls(ReplySnapshot.take(loop.cache, reach), loop.mirror.copy(), logits.clone())
+        return cls(ReplySnapshot.take(loop.cache, reach), logits.clone())
 
     def restore(self, loop: TokenLoop) -> torch.Tensor:
         """Put `loop` back where the point was taken; the logits to draw the reply from."""
         self.cache_state.restore(loop.cache)
-        loop.mirror = self.mirror.copy()
         return self.logits

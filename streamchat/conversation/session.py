@@ -9,8 +9,8 @@ The session keeps the conversation: the transcript, the chat format, the setting
 (streamchat.generation.token_loop), which prefills prompts and decodes replies.
 
 A conversation is a value: `snapshot()` gives all of it as data (a ConversationState:
-messages, settings, system prompt and, between turns, the exact tensors of its cache,
-mirror and sampler), and `restore(state)` makes a session that conversation again. The
+messages, settings, system prompt and, between turns, the exact tensors of its cache
+and sampler), and `restore(state)` makes a session that conversation again. The
 session touches no file: whoever owns it (the app, a server) hands those values to
 streamchat.storage.
 
@@ -50,6 +50,7 @@ from streamchat.conversation.template import ChatFormat, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.engine.engine import Engine
 from streamchat.errors import CacheStateError, ConfigError
+from streamchat.generation.cache_view import CacheView
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.engine_steps import EngineSteps
 from streamchat.generation.events import (
@@ -62,7 +63,6 @@ from streamchat.generation.events import (
     TextDelta,
     TurnFinished,
 )
-from streamchat.generation.mirror import CacheMirror, CacheView
 from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
@@ -121,10 +121,6 @@ class ChatSession:
         return self.token_loop.cache
 
     @property
-    def mirror(self) -> CacheMirror:
-        return self.token_loop.mirror
-
-    @property
     def decoder(self) -> Decoder:
         return self.token_loop.decoder
 
@@ -146,7 +142,7 @@ class ChatSession:
         return self.cache.stats()
 
     def cache_view(self) -> CacheView:
-        return self.mirror.view()
+        return CacheView.of(self.cache.held_tokens())
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
@@ -256,7 +252,7 @@ class ChatSession:
             messages=[dict(message) for message in self.transcript],
             system_prompt=self.system_prompt,
             settings=dict(self.options()),
-            tensors=tensors_of(self.cache, self.mirror, self.sampler) if whole else None,
+            tensors=tensors_of(self.cache, self.sampler) if whole else None,
             recalled={index: note for index, note in self.recalled.items() if index < len(self.transcript)},
         )
 
@@ -286,11 +282,10 @@ class ChatSession:
             self.reset()
             self._settled = False
             try:
-                mirror, self.sampler = restore_tensors(self.cache, state.tensors, self.device)
+                self.sampler = restore_tensors(self.cache, state.tensors, self.device)
             except CacheStateError as error:
                 not_exact = str(error)
             else:
-                self.token_loop.mirror = mirror
                 self.transcript = [{"role": m["role"], "content": m["content"]} for m in state.messages]
                 self.recalled = dict(state.recalled)
                 if same:
@@ -373,7 +368,7 @@ class ChatSession:
     def recall_search(self, text: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
         """The evicted passages relevant to `text` now, best first, each with its relevance: what the note is
         chosen from (a benchmark shows it; `bar` 0 shows every passage that shares a word with `text`)."""
-        view = self.mirror.view()
+        view = self.cache_view()
         partly = view.partly_forgotten_message
         evicted = min(view.forgotten_messages if partly is None else partly + 1, len(self.transcript))
         index = self._recall_index

@@ -34,8 +34,8 @@ from streamchat.conversation.session import ChatSession
 from streamchat.conversation.state import ConversationState
 from streamchat.distributed.lockstep import Exit, Lockstep, out_of_step_failures
 from streamchat.errors import RankLostError, StreamchatError
+from streamchat.generation.cache_view import CacheView
 from streamchat.generation.events import Event
-from streamchat.generation.mirror import CacheView
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11

@@ -53,7 +53,7 @@ class Runner:
         chunks = [ticket.work for ticket in scheduled.chunks]
         with torch.inference_mode(), ExitStack() as opened:
             decode = self._open_rows(rows, opened) if rows else None
-            reads = [opened.enter_context(chunk.cache.step(chunk.ids)) for chunk in chunks]
+            reads = [opened.enter_context(chunk.cache.step(chunk.ids, chunk.label)) for chunk in chunks]
             logits = (self._ragged if self.lean is not None else self._each)(decode, chunks, reads)
         evictions = [*(decode.step.evictions if decode is not None else []), *(read.eviction for read in reads)]
         return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
@@ -69,11 +69,13 @@ class Runner:
     def _open_rows(self, rows: list[DecodeRow], opened: ExitStack) -> _Rows:
         """Open the decode rows' step: one reply alone through its own cache's decode step, more through the pool."""
         if len(rows) == 1 and not self.pool.members:
-            cache, token = rows[0].cache, rows[0].token.reshape(1, 1)
-            eviction = opened.enter_context(cache.decode_step())
+            row = rows[0]
+            cache, token = row.cache, row.token.reshape(1, 1)
+            eviction = opened.enter_context(cache.decode_step(row.label, row.token_id))
             return _Rows(cache, BatchStep(token, cache.decode_inputs(token), [eviction]))
         self.pool.join(*(row.cache for row in rows))  # members stay; joiners take the next rows, in order
-        return _Rows(self.pool, opened.enter_context(self.pool.decode_step([row.token for row in rows])))
+        tokens, labels, token_ids = zip(*((row.token, row.label, row.token_id) for row in rows), strict=True)
+        return _Rows(self.pool, opened.enter_context(self.pool.decode_step(tokens, labels, token_ids)))
 
     def _ragged(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
         """One lean pass over every row and chunk: logits [outputs, vocab]."""

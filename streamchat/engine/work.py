@@ -1,7 +1,7 @@
 """What a conversation asks of the engine for its next step, and what it gets back.
 
-    DecodeRow(cache, token)     a reply's next token [1]: one row of the batched decode
-    PromptChunk(cache, ids)     prompt tokens [1, n]: read into the cache in one piece
+    DecodeRow(cache, token, token_id, label)   a reply's next token [1]: one row of the batched decode
+    PromptChunk(cache, ids, label)              prompt tokens [1, n]: read into the cache in one piece
     Fed(logits, eviction)       the logits after the work's last token [1, 1, vocab], what it evicted
 
 A conversation has at most one piece of work queued at a time: it needs the logits of
@@ -16,7 +16,8 @@ from typing import NamedTuple
 import torch
 
 from streamchat.cache import SinkCache
-from streamchat.cache.ledger import Eviction
+from streamchat.cache.ledger import NO_LABEL, Eviction
+from streamchat.cache.record import UNREAD
 
 
 @dataclass(eq=False)
@@ -25,6 +26,8 @@ class DecodeRow:
 
     cache: SinkCache
     token: torch.Tensor  # [1], on the model's device
+    token_id: int = UNREAD  # the same token on the host, for the cache's record
+    label: int = NO_LABEL  # what the cache records it with (the reply's transcript message)
 
     @property
     def tokens(self) -> int:
@@ -37,6 +40,7 @@ class PromptChunk:
 
     cache: SinkCache
     ids: torch.Tensor  # [1, n], on the model's device
+    label: int = NO_LABEL  # what the cache records them with (their transcript message)
 
     @property
     def tokens(self) -> int:

@@ -1,7 +1,7 @@
 """The token loop: draw a token on the device, feed it back, read it on the host, one step ahead.
 
     decoder = Decoder(model, cache)                # or compile_backend="inductor"
-    decoder.start(logits, settings, sampler)      # the logits after the prompt; the draw composed
+    decoder.start(logits, settings, sampler, label)   # the logits after the prompt; the draw composed
     while ...:
         token = decoder.next()                    # drawn and already fed; its step's eviction
         if it ends the reply without belonging in the cache:
@@ -13,7 +13,9 @@ computes step t+1 while the host detokenizes token t (mlx-lm's generate loop doe
 same). That step is a guess: when token t turns out to end the reply (an end-of-turn
 token the template closes differently), take_back() rolls the cache back, which costs
 nothing (cache/ledger.py: decode steps only write free slots). The repetition penalty
-reads the cache's own record of its tokens, on the device; the frequency and presence
+reads the cache's own record of its tokens, on the device (the host's record, which
+names each token for views and evictions, learns a token when the host reads it back,
+or before the step where the host knew it first); the frequency and presence
 penalties read how often each token was drawn in this reply, a count on the device that
 start() zeroes and each settled draw adds its token to (take_back() takes it out again).
 A reply's count never outlives it: /regen starts the reply again, and a conversation is
@@ -38,7 +40,8 @@ import torch
 from streamchat import defaults
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import step_logits
-from streamchat.cache.ledger import Eviction
+from streamchat.cache.ledger import NO_LABEL, Eviction
+from streamchat.cache.record import UNREAD
 from streamchat.cache.snapshots import Checkpoint
 from streamchat.errors import ConfigError
 from streamchat.generation.sampling import (
@@ -125,18 +128,22 @@ class Decoder:
         self._one: torch.Tensor | None = None  # [1], what a draw adds to its token's count
         self._counted: torch.Tensor | None = None  # [1], the token last counted, for take_back()
         self._checkpoint: Checkpoint | None = None
+        self.label = NO_LABEL  # what the cache records the reply's tokens with (start() sets it)
 
     @property
     def will_compile(self) -> bool:
         """Whether the next step compiles first (the UI says so: it takes a while)."""
         return self.compiled and self.compile_seconds is None and self.cache.ledger.sinks_full
 
-    def start(self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler) -> None:
-        """Decode from `logits` [1, n, vocab] (the last position's count) with these settings.
+    def start(
+        self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler, label: int = NO_LABEL
+    ) -> None:
+        """Decode from `logits` [1, n, vocab] (the last position's count) with these settings; the cache
+        records every token fed with `label`.
 
         The draw is composed here, once per reply; its uniform numbers come from `sampler`.
         """
-        self._row, self._settings = self._last_row(logits), settings
+        self._row, self._settings, self.label = self._last_row(logits), settings, label
         self._draw = make_draw(settings, sampler)
         self._counts = self._one = self._counted = None
         if settings.counts_reply_tokens:
@@ -156,7 +163,7 @@ class Decoder:
         if not self._reader.asynchronous:
             # The host waits for the token anyway: settle the draw before feeding it.
             settled = self.draw()
-            return Decoded(settled.token, self._feed(settled.on_device))
+            return Decoded(settled.token, self._feed(settled.on_device, settled.token))
         row = self._penalized(self._row)
         drawn = self._draw(row)
         self._reader.send(drawn)
@@ -165,7 +172,9 @@ class Decoder:
         if settled.redrawn:
             # The shortlist could not decide: take back the step that fed its guess, feed the redraw.
             self._restore()
-            eviction = self._feed(settled.on_device)
+            eviction = self._feed(settled.on_device, settled.token)
+        else:
+            self.cache.learn_token(settled.token)  # fed before the host read it
         self._count(settled.on_device)
         return Decoded(settled.token, eviction)
 
@@ -180,9 +189,9 @@ class Decoder:
         self._count(settled.on_device)
         return settled
 
-    def feed(self, token: torch.Tensor) -> Eviction | None:
-        """Feed token [1] alone (as next() does); what feeding it evicted."""
-        return self._feed(token)
+    def feed(self, token: torch.Tensor, token_id: int = UNREAD) -> Eviction | None:
+        """Feed token [1] alone (as next() does), `token_id` on the host when known; what feeding it evicted."""
+        return self._feed(token, token_id)
 
     def checkpoint(self) -> None:
         """Before a batch feeds this decoder's token: what take_back() returns to."""
@@ -200,7 +209,7 @@ class Decoder:
         token = self.channel.share_token(token)
         if token is None:
             return None
-        return Decoded(token, self._feed(torch.tensor([token], device=self.device)))
+        return Decoded(token, self._feed(torch.tensor([token], device=self.device), token))
 
     def take_back(self) -> None:
         """Undo the step that fed the last token (exactly: nothing it overwrote was held), its count included."""
@@ -238,16 +247,17 @@ class Decoder:
             self._counts.index_add_(0, token, self._one)  # on the device: no host sync
             self._counted = token
 
-    def _feed(self, token: torch.Tensor) -> Eviction | None:
-        """Feed token [1] through the cache; keep the logits after it, return what feeding it evicted."""
+    def _feed(self, token: torch.Tensor, token_id: int = UNREAD) -> Eviction | None:
+        """Feed token [1] (`token_id` on the host, UNREAD when not read yet) through the cache; keep the logits
+        after it, return what feeding it evicted."""
         cache = self.cache
         self.checkpoint()
         token = token.reshape(1, 1)
         if not cache.ledger.sinks_full:
-            logits, eviction = forward(self.model, cache, token)
+            logits, eviction = forward(self.model, cache, token, label=self.label)  # it records the id itself
             self._row = self._last_row(logits)
             return eviction
-        with cache.decode_step() as eviction:
+        with cache.decode_step(self.label, token_id) as eviction:
             logits = self._compiled_call(token) if self.compiled else self._step_fn(self.model, cache, token)
             self._row = self._last_row(logits)
         return eviction

@@ -3,7 +3,7 @@
     steps = EngineSteps(engine)
     # in the conversation's token loop, when its session runs in the engine (streamchat serve):
     decoded = yield from steps.next(decoder, stop_requested)   # StepQueued until the step that fed it ran
-    fed = yield from steps.read(cache, ids)                     # a prompt chunk, the same way
+    fed = yield from steps.read(cache, ids, label)              # a prompt chunk, the same way
     steps.leave(decoder)                                        # its reply ended
     # whoever drives the conversations (the server's worker), after each round:
     engine.step()
@@ -43,16 +43,18 @@ class EngineSteps:
             return None
         settled = decoder.draw()
         decoder.checkpoint()  # what take_back() returns to: the cache as it is before the step
-        if decoder.cache.ledger.sinks_full:
-            fed = yield from self._wait(DecodeRow(decoder.cache, settled.on_device))
+        cache, label = decoder.cache, decoder.label
+        if cache.ledger.sinks_full:
+            fed = yield from self._wait(DecodeRow(cache, settled.on_device, settled.token, label))
         else:  # a conversation shorter than its sinks: its token is a chunk of one (a decode row needs them full)
-            fed = yield from self._wait(PromptChunk(decoder.cache, settled.on_device.reshape(1, 1)))
+            fed = yield from self._wait(PromptChunk(cache, settled.on_device.reshape(1, 1), label))
         decoder.fed(fed.logits)
         return Decoded(settled.token, fed.eviction)
 
-    def read(self, cache: SinkCache, ids: torch.Tensor) -> Generator[StepQueued, None, Fed]:
-        """Read prompt tokens ids [1, n] into `cache` in one step's pass; the logits after them."""
-        return (yield from self._wait(PromptChunk(cache, ids)))
+    def read(self, cache: SinkCache, ids: torch.Tensor, label: int) -> Generator[StepQueued, None, Fed]:
+        """Read prompt tokens ids [1, n] into `cache` in one step's pass, recorded with `label`; the logits after
+        them."""
+        return (yield from self._wait(PromptChunk(cache, ids, label)))
 
     def leave(self, decoder: Decoder) -> None:
         """`decoder`'s reply ended (or its turn was abandoned): its row leaves the pool, between steps."""

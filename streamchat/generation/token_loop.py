@@ -7,7 +7,8 @@ per token, in the phases of a turn:
     decode          draw, show and feed reply tokens until a stop
     feed            any other tokens: the end of a turn, a replayed message
 
-It owns the cache, the mirror of what the cache holds and the fixed-shape decode step,
+It owns the cache and the fixed-shape decode step, feeds every token labelled with its
+transcript message (the cache records both: streamchat.cache.record, what views read),
 and turns every eviction it makes into an Evicted event.
 """
 
@@ -23,6 +24,7 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
+from streamchat.cache.record import UNREAD
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.engine_steps import EngineSteps
 from streamchat.generation.events import (
@@ -35,7 +37,6 @@ from streamchat.generation.events import (
     PromptTruncated,
     TextDelta,
 )
-from streamchat.generation.mirror import CacheMirror
 from streamchat.generation.out_of_memory import out_of_memory_reported
 from streamchat.generation.prompt_reading import (
     REPLAYED_WINDOWS,
@@ -77,10 +78,9 @@ class TokenLoop:
         # Under tensor parallelism: how the ranks agree on tokens and stops (streamchat.distributed).
         self.channel = channel
         self.device = model.get_input_embeddings().weight.device
-        # All three come with use_sinks(): a cache's size depends on the chat format, known later.
+        # Both come with use_sinks(): a cache's size depends on the chat format, known later.
         self.cache: SinkCache | None = None
         self.decoder: Decoder | None = None
-        self.mirror: CacheMirror | None = None
         # Set from outside, a signal handler included: the loop heeds it between two forward passes.
         self.stop_requested = False
         # Forward passes go through the engine, in steps shared with other conversations (the server's), when set.
@@ -93,16 +93,15 @@ class TokenLoop:
         self.decoder = Decoder(
             self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer), channel=self.channel
         )
-        self.mirror = CacheMirror(sinks)
 
     def reset(self) -> None:
         """Empty the cache, keeping its storage (and the decode step compiled for it)."""
         self.cache.reset()
-        self.mirror = CacheMirror(self.cache.sinks)
 
     def is_whole(self) -> bool:
-        """Whether the cache holds what the mirror says: no forward pass was torn off half way."""
-        return self.cache.is_consistent() and len(self.mirror.token_ids()) == self.cache.stats().used
+        """Whether the cache holds whole steps of known tokens: no forward pass was torn off half way, and no
+        reply token was fed that the host never read back (its reply abandoned in between)."""
+        return self.cache.is_consistent() and UNREAD not in self.cache.held_tokens().token_ids
 
     @contextmanager
     def alone(self) -> Iterator[None]:
@@ -149,7 +148,7 @@ class TokenLoop:
         self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
     ) -> Generator[Event, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
-        self.decoder.start(logits, reply.settings, sampler)
+        self.decoder.start(logits, reply.settings, sampler, label=message)
         if self.engine is None:
             yield from self._decode(reply, message, stop_ids)
             return
@@ -179,7 +178,6 @@ class TokenLoop:
                 reply.reason = "eos"
                 return
             delta = reply.add(decoded.token)
-            self.mirror.append([decoded.token], message)
             evicted = self._evicted(decoded.eviction) if decoded.eviction is not None else None
             if delta:
                 yield TextDelta(delta)
@@ -201,15 +199,12 @@ class TokenLoop:
                 if self.engine is not None:
                     # Yields while the step waits: outside inference mode, which is the thread's, as the
                     # driver (the server's worker) runs other conversations between two items.
-                    logits, eviction = yield from self.engine.read(self.cache, ids)
+                    logits, eviction = yield from self.engine.read(self.cache, ids, message)
                 else:
                     with torch.inference_mode():
-                        logits, eviction = forward(self.model, self.cache, ids)
-            # The mirror forgets what left before it takes the chunk, as the cache did.
-            evicted = self._evicted(eviction) if eviction is not None else None
-            self.mirror.append(chunk, message)
-            if evicted is not None:
-                yield evicted
+                        logits, eviction = forward(self.model, self.cache, ids, label=message)
+            if eviction is not None:
+                yield self._evicted(eviction)
             start += size
         return logits
 
@@ -233,7 +228,7 @@ class TokenLoop:
                 if (event := progress.advance(len(piece))) is not None:
                     yield event
                     yield CacheOccupancy(self.cache.stats(), 0.0)
-            self.mirror.skip(skipped_after, message)
+            self.cache.count_skipped(skipped_after, message)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -251,7 +246,7 @@ class TokenLoop:
                 logits = yield from self.feed(piece, message)
                 if (event := progress.advance(len(piece))) is not None:
                     yield event
-            self.mirror.skip(skipped_after, message)
+            self.cache.count_skipped(skipped_after, message)
         return logits, progress.read
 
     def _make_room(self, incoming: int) -> Generator[Event, None, None]:
@@ -261,6 +256,6 @@ class TokenLoop:
             yield self._evicted(eviction)
 
     def _evicted(self, eviction: Eviction) -> Evicted:
-        """The event for an eviction the cache made; the mirror forgets the same tokens."""
-        text = self.tokenizer.decode(self.mirror.evict(eviction.count), skip_special_tokens=False)
+        """The event for an eviction the cache made, with the text of the tokens that left."""
+        text = self.tokenizer.decode(list(eviction.token_ids), skip_special_tokens=False)
         return Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)

@@ -119,9 +119,9 @@ def test_a_new_system_prompt_of_another_length_gets_a_new_cache_and_a_replay():
 def test_a_system_prompt_too_long_to_keep_changes_nothing():
     session = make_session(system_prompt=SYSTEM)
     chat(session, "Hello!")
-    cache, cached = session.cache, session.mirror.token_ids()
+    cache, cached = session.cache, session.cache_view().token_ids
     with pytest.raises(ConfigError, match=r"^the system turn is \d+ tokens, longer than the 40-token window"):
         session.set_system_prompt("Be terse. " * 30)
-    assert session.cache is cache and session.mirror.token_ids() == cached and session.system_prompt == SYSTEM
+    assert session.cache is cache and session.cache_view().token_ids == cached and session.system_prompt == SYSTEM
     with pytest.raises(ConfigError, match=r"the system turn is \d+ tokens"):
         make_session(system_prompt="Be terse. " * 30)

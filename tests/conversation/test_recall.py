@@ -132,11 +132,11 @@ def test_recall_off_feeds_exactly_what_a_session_without_recall_feeds():
     off, auto = make_session("off"), make_session("auto")
     evict_the_fact(off)
     evict_the_fact(auto)
-    assert off.mirror.token_ids() == auto.mirror.token_ids()  # no message needed recall so far
+    assert off.cache_view().token_ids == auto.cache_view().token_ids  # no message needed recall so far
     events = list(off.chat("What is my sister's name?"))
     assert not any(isinstance(event, Recalled) for event in events) and off.recalled == {}
     prompt = off.chat_format.prompt_ids("What is my sister's name?", first_turn=False)
-    window = off.mirror.token_ids()
+    window = off.cache_view().token_ids
     assert any(window[start : start + len(prompt)] == prompt for start in range(len(window)))
 
 
@@ -144,7 +144,7 @@ def test_recall_on_reads_the_note_before_the_message_and_says_so():
     session = make_session("auto")
     evict_the_fact(session)
     question = "What is my sister's name?"
-    before = len(session.mirror.token_ids())
+    before = len(session.cache_view().token_ids)
     events = list(session.chat(question))
     recalled = [event for event in events if isinstance(event, Recalled)]
     index = len(session.transcript) - 2
@@ -168,11 +168,12 @@ def test_a_restored_or_replayed_conversation_reads_its_notes_again_exactly():
     state = session.snapshot()
     other = make_session("auto")
     list(other.restore(state))
-    assert other.recalled == session.recalled and other.mirror.token_ids() == session.mirror.token_ids()
+    assert other.recalled == session.recalled and other.cache_view().token_ids == session.cache_view().token_ids
     replayed = make_session("auto")
     list(replayed.restore(session.snapshot(tensors=False)))
     assert replayed.recalled == session.recalled
-    assert replayed.mirror.token_ids() == session.mirror.token_ids()  # the end of the conversation, notes included
+    # The end of the conversation, notes included.
+    assert replayed.cache_view().token_ids == session.cache_view().token_ids
     # The same reply, next, from each.
     replies = [list(s.chat("Thanks."))[-1].reply for s in (session, other)]
     assert replies[0] == replies[1]

@@ -58,15 +58,15 @@ def test_turn_by_turn_feeding_equals_the_whole_conversation_rendered_at_once(sys
     before = []
     for turn, text in enumerate(["Hello!", "What is the capital of France?", "Thank you."]):
         finished = run(session.chat(text))[-1]
-        added = session.mirror.token_ids()[len(before) :]
+        added = session.cache_view().token_ids[len(before) :]
         # Each turn feeds its prompt, the generated reply and the end of turn, and nothing else.
         prompt = session.chat_format.prompt_ids(text, first_turn=turn == 0)
         assert added[: len(prompt)] == prompt and added[len(prompt) :][-len(eot) :] == eot
         assert len(added) == len(prompt) + finished.stats.generated_tokens + len(eot)
-        before = session.mirror.token_ids()
+        before = session.cache_view().token_ids
     # With replies as the tokenizer writes them in the render, the stream is the whole render.
     run(session.replay(list(session.transcript)))
-    assert session.mirror.token_ids() == whole_render(tokenizer, session.transcript, system_prompt)
+    assert session.cache_view().token_ids == whole_render(tokenizer, session.transcript, system_prompt)
 
 
 def test_models_without_a_template_get_the_user_assistant_fallback():
@@ -74,14 +74,14 @@ def test_models_without_a_template_get_the_user_assistant_fallback():
     session = make_session(tokenizer=tokenizer)
     run(session.chat("Hi there"))
     run(session.replay(list(session.transcript)))
-    text = tokenizer.decode(session.mirror.token_ids())
+    text = tokenizer.decode(session.cache_view().token_ids)
     assert text.startswith("USER: Hi there\n\nASSISTANT:")
 
 
 def test_the_end_of_turn_enters_the_cache_after_every_reply():
     session = make_session()
     run(session.chat("Hello!"))
-    tail = session.mirror.token_ids()[-len(session.chat_format.end_of_turn_ids) :]
+    tail = session.cache_view().token_ids[-len(session.chat_format.end_of_turn_ids) :]
     assert tuple(tail) == session.chat_format.end_of_turn_ids
     assert byte_level_tokenizer().decode(tail) == "<|im_end|>\n"
 
@@ -90,7 +90,7 @@ def test_a_stop_token_from_the_generation_config_ends_the_reply():
     model = tiny_model("llama", vocab_size=VOCAB)
     first = make_session(model=model)
     run(first.chat("Hello!"))
-    generated = first.mirror.token_ids()[-(8 + 2) : -2]
+    generated = first.cache_view().token_ids[-(8 + 2) : -2]
     model.generation_config.eos_token_id = [2, generated[3]]
     try:
         session = make_session(model=model)
@@ -100,7 +100,7 @@ def test_a_stop_token_from_the_generation_config_ends_the_reply():
     assert events[-1].stats.stop_reason == "eos"
     assert events[-1].stats.generated_tokens == 3
     # The stop token itself is not fed: the template's end of turn is.
-    assert session.mirror.token_ids()[-5:] == generated[:3] + list(session.chat_format.end_of_turn_ids)
+    assert session.cache_view().token_ids[-5:] == generated[:3] + list(session.chat_format.end_of_turn_ids)
 
 
 def test_stop_strings_cut_the_reply():
@@ -126,7 +126,7 @@ def test_a_stopped_reply_is_closed_and_the_next_turn_works():
     assert finished.reply == reply_of(events) == session.transcript[-1]["content"]
     assert finished.stats.generated_tokens < 50
     eot = list(session.chat_format.end_of_turn_ids)
-    assert session.mirror.token_ids()[-len(eot) :] == eot
+    assert session.cache_view().token_ids[-len(eot) :] == eot
     later = run(session.chat("Are you there?"))
     assert later[-1].stats.generated_tokens == 50
     assert [m["role"] for m in session.transcript] == ["user", "assistant", "user", "assistant"]
@@ -143,7 +143,7 @@ def test_an_abandoned_reply_is_closed_too():
     turn.close()
     assert session.transcript[-1]["content"].startswith(shown)
     eot = list(session.chat_format.end_of_turn_ids)
-    assert session.mirror.token_ids()[-len(eot) :] == eot
+    assert session.cache_view().token_ids[-len(eot) :] == eot
     assert run(session.chat("Next"))[-1].stats.stop_reason == "max_new_tokens"
 
 
@@ -159,7 +159,7 @@ def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
             break  # the eviction that made room for the latest sampled token
     turn.close()
     eot = list(session.chat_format.end_of_turn_ids)
-    assert session.mirror.token_ids()[-len(eot) - 1 :] == [sampled[-1].token, *eot]
+    assert session.cache_view().token_ids[-len(eot) - 1 :] == [sampled[-1].token, *eot]
     assert session.cache_stats().seen == len(prompt) + len(sampled) + len(eot)
 
 
@@ -249,7 +249,7 @@ def test_two_hundred_turns_through_a_small_cache_stay_bounded():
     stats = session.cache_stats()
     assert stats.used == 256 and stats.evicted == stats.seen - 256
     assert [layer.keys.data_ptr() for layer in session.cache.layers] == storage
-    assert len(session.mirror.token_ids()) == 256
+    assert len(session.cache_view().token_ids) == 256
     assert len(session.transcript) == 400
 
 
@@ -276,6 +276,19 @@ def test_regenerate_with_frequency_and_presence_penalties_counts_the_new_reply_f
     assert (state.settings["frequency_penalty"], state.settings["presence_penalty"]) == ("0.5", "1.5")
 
 
+def test_regenerate_tells_the_same_story_of_the_cache_as_the_reply_it_replaces():
+    # Greedy: the same reply again. It evicts as it goes (a window of 40), and /regen takes those evictions back.
+    session = make_session(keep=4, window=40, settings=dataclasses.replace(GREEDY, max_new_tokens=30))
+    run(session.chat("Hello! How are you today?"))
+    events = run(session.chat("Tell me more."))
+    first, evicted = session.cache_view(), [event.text for event in events if isinstance(event, Evicted)]
+    assert first.forgotten_tokens > 0 and evicted
+    again = run(session.regenerate())
+    assert session.cache_view() == first
+    evicted_again = [event.text for event in again if isinstance(event, Evicted)]
+    assert evicted_again and evicted_again == evicted[-len(evicted_again) :]  # the reply's own, token by token
+
+
 def test_regenerate_without_a_reply_is_refused():
     with pytest.raises(ConfigError, match="no reply to regenerate"):
         list(make_session().regenerate())
@@ -294,7 +307,7 @@ def test_a_snapshot_restored_without_tensors_replays_the_transcript():
     assert events[-1] == Replayed(messages=2, tokens=restored.cache_stats().seen)
     assert restored.transcript == session.transcript
     assert restored.system_prompt == "Be kind." and restored.settings.temperature == 0.5
-    assert restored.mirror.token_ids() == whole_render(byte_level_tokenizer(), session.transcript, "Be kind.")
+    assert restored.cache_view().token_ids == whole_render(byte_level_tokenizer(), session.transcript, "Be kind.")
     assert run(restored.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
@@ -316,7 +329,7 @@ def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
     streamed = session.cache_view()
     replayed = run(session.replay(list(session.transcript)))[-1]
     assert replayed == Replayed(messages=12, tokens=4 + 2 * 40)
-    assert session.mirror.token_ids() == whole[:4] + whole[-40:]
+    assert session.cache_view().token_ids == whole[:4] + whole[-40:]
     assert session.cache_view() == streamed  # the same tokens, and the same story of what was forgotten
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
 
@@ -334,13 +347,13 @@ def test_a_state_with_a_bad_setting_changes_nothing():
 def test_a_system_prompt_the_template_refuses_changes_nothing():
     session = make_session(tokenizer=byte_level_tokenizer_with(NO_SYSTEM_TEMPLATE))
     run(session.chat("Hello!"))
-    before, cached = list(session.transcript), session.mirror.token_ids()
+    before, cached = list(session.transcript), session.cache_view().token_ids
     with pytest.raises(ChatTemplateError, match="may not accept a system prompt"):
         list(session.set_system_prompt("Be a pirate."))
     with pytest.raises(ChatTemplateError):
         session.restore(make_session(system_prompt="Be a pirate.").snapshot())
     assert session.system_prompt is None and session.transcript == before
-    assert session.mirror.token_ids() == cached
+    assert session.cache_view().token_ids == cached
 
 
 def test_a_new_system_prompt_replays_the_conversation_behind_it():
@@ -349,7 +362,7 @@ def test_a_new_system_prompt_replays_the_conversation_behind_it():
     run(session.set_system_prompt("You are a pirate."))
     assert session.system_prompt == "You are a pirate."
     expected = whole_render(byte_level_tokenizer(), session.transcript, "You are a pirate.")
-    assert session.mirror.token_ids() == expected
+    assert session.cache_view().token_ids == expected
 
 
 def test_reset_forgets_the_conversation():
@@ -393,7 +406,7 @@ def test_the_cache_view_names_what_was_forgotten():
     assert len(view.sink_ids) == 4 and len(view.window_ids) == 40
     assert view.forgotten_tokens == session.cache_stats().evicted
     assert view.forgotten_messages >= 2
-    assert torch.tensor(view.window_ids).tolist() == session.mirror.token_ids()[4:]
+    assert torch.tensor(view.window_ids).tolist() == session.cache_view().token_ids[4:]
 
 
 def test_running_out_of_memory_half_way_through_the_layers_is_a_domain_error_and_the_session_recovers():
@@ -415,5 +428,5 @@ def test_running_out_of_memory_half_way_through_the_layers_is_a_domain_error_and
     run(session.recover())
     assert session.cache.is_consistent()
     assert [m["role"] for m in session.transcript] == ["user", "assistant"]
-    assert session.mirror.token_ids() == whole_render(byte_level_tokenizer(), session.transcript)
+    assert session.cache_view().token_ids == whole_render(byte_level_tokenizer(), session.transcript)
     assert run(session.chat("More please"))[-1].stats.generated_tokens == 8

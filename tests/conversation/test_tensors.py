@@ -1,9 +1,11 @@
 """A conversation as a value: a session restored from its snapshot replies as if it had never stopped."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import TensorState
@@ -11,6 +13,7 @@ from streamchat.conversation.tensors import restore_tensors
 from streamchat.errors import CacheStateError
 from streamchat.generation.events import NotResumed, Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
+from tests.conversation import mirror_era_state
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 
@@ -120,3 +123,28 @@ def test_tensors_that_do_not_match_the_cache_are_refused():
     other = make_session()
     with pytest.raises(CacheStateError, match=r"^the saved state does not fit this session \('mirror.window'\)$"):
         restore_tensors(other.cache, TensorState(tensors, 11), other.device)
+
+
+def test_a_state_file_written_while_a_mirror_kept_the_tokens_resumes_as_it_did_then():
+    # Written by the code of that time (tests/conversation/mirror_era_state.py says how): the mirror.* tensors
+    # are read into the cache's record, and the session goes on as that code's restored session went on.
+    expected = json.loads(mirror_era_state.EXPECTED.read_text(encoding="utf-8"))
+    tensors = load_file(mirror_era_state.STATE)
+    assert tensors["mirror.forgotten"][0] > tensors["cache.ledger"][5]  # more forgotten than evicted: a skip
+    session = mirror_era_state.resumed(expected)
+    assert dataclasses.asdict(session.cache_view()) == _listed(expected["view"])
+    mirror_era_state.play(session, mirror_era_state.AFTER)
+    assert session.transcript == expected["transcript_after"]
+    assert dataclasses.asdict(session.cache_view()) == _listed(expected["view_after"])
+    # Written again, the state holds the same tensors under the same names.
+    again = session.snapshot().tensors.tensors
+    assert {name for name in again if name.startswith("mirror.")} == {
+        "mirror.sinks",
+        "mirror.window",
+        "mirror.forgotten",
+    }
+
+
+def _listed(view: dict) -> dict:
+    """A view as JSON gave it back (lists), with the tuples a CacheView holds."""
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in view.items()}

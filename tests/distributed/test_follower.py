@@ -84,7 +84,7 @@ def test_a_follower_feeds_rank_0s_tokens_and_stops_where_rank_0_stopped():
     follow(follower, follower.channel)
     assert follower.transcript == leader.transcript
     assert len(leader.transcript[-1]["content"]) < len(leader.transcript[1]["content"])  # the stop held
-    assert follower.mirror.token_ids() == leader.mirror.token_ids()
+    assert follower.cache_view().token_ids == leader.cache_view().token_ids
     assert follower.cache_stats() == leader.cache_stats()
     assert follower.cache_stats().evicted > 0
 

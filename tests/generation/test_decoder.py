@@ -11,7 +11,7 @@ import torch._dynamo
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import cache_state
 from streamchat.errors import ConfigError
-from streamchat.generation.decoder import Decoder, compile_backend
+from streamchat.generation.decoder import Decoder, _Reader, compile_backend
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import VOCAB, tiny_model
@@ -201,3 +201,39 @@ def test_a_presence_penalty_of_minus_2_past_the_logits_spread_repeats_the_first_
     _, spread = reference_greedy(model, 0.0, -2.0)
     assert spread < 2.0  # so the first token, raised by 2, stays above every other
     assert reply == [reply[0]] * len(reply)
+
+
+class _LateReader(_Reader):
+    """The CUDA order on the CPU: the token is fed before the host reads it (next()'s asynchronous path)."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+        self.asynchronous = True
+
+    def send(self, drawn) -> None:
+        self._values = torch.cat((drawn.token.reshape(1), drawn.settled.reshape(1).long()))
+
+    def receive(self) -> tuple[int, bool]:
+        token, settled = self._values.tolist()
+        return token, bool(settled)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["read_first", "fed_first"])
+def test_the_cache_records_every_decoded_token_with_the_replys_label_whether_read_before_or_after_its_step(late):
+    model = tiny_model("llama")
+    cache = SinkCache.for_model(model, SINKS, WINDOW)
+    prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    decoder = Decoder(model, cache)
+    if late:
+        decoder._reader = _LateReader()
+    decoder.start(forward(model, cache, prompt, label=0).logits, SAMPLED, Sampler(seed=11), label=1)
+    tokens, evicted = [], []
+    for _ in range(100):
+        decoded = decoder.next()
+        tokens.append(decoded.token)
+        evicted += decoded.eviction.token_ids if decoded.eviction is not None else ()
+    held = cache.held_tokens()
+    stream = prompt[0].tolist() + tokens
+    assert held.token_ids == stream[:SINKS] + stream[-WINDOW:]
+    assert held.window_labels == (1,) * WINDOW and held.sink_labels == (0,) * SINKS
+    assert evicted == stream[SINKS:-WINDOW]

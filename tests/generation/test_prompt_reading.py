@@ -78,7 +78,7 @@ def test_a_prompt_longer_than_the_cache_is_read_from_its_tail_with_a_notice():
     finished = events[-1]
     assert finished.stats.prompt_tokens == 84 and finished.stats.generated_tokens == 8
     # What the model sees: the prompt's first 4 tokens as sinks, then the end of the prompt and the reply.
-    seen = session.mirror.token_ids()
+    seen = session.cache_view().token_ids
     assert seen[:4] == prompt[:4]
     assert session.cache_view().forgotten_tokens == len(prompt) + 8 + len(session.chat_format.end_of_turn_ids) - 44
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
@@ -112,7 +112,7 @@ def test_a_stop_while_reading_ends_the_read_between_passes_and_the_next_turn_wor
     assert not [event for event in events if isinstance(event, TextDelta)]
     assert events[-1].stats.stop_reason == "interrupted" and events[-1].stats.generated_tokens == 0
     assert session.transcript[-1] == {"role": "assistant", "content": ""}
-    # What was read stays consistent: the cache and its mirror agree, and the conversation goes on.
-    assert session.cache.is_consistent() and len(session.mirror.token_ids()) == session.cache_stats().used
+    # What was read stays consistent: the cache and its record agree, and the conversation goes on.
+    assert session.cache.is_consistent() and len(session.cache_view().token_ids) == session.cache_stats().used
     assert session.cache_stats().seen == stopped.read_tokens + len(session.chat_format.end_of_turn_ids)
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
