@@ -182,6 +182,10 @@ def _watch(ranks: list[_Rank], report: Path) -> tuple[int, str | None]:
     cause = _cause(ranks)
     _wait_all(ranks[:1], CAUSE_WAIT_SECONDS)  # rank 0 ends by itself when a step fails, or when it errs too
     code = leader.poll()
+    if cause is None and code == 0:
+        # Rank 0 told the others to exit and ended cleanly: a follower that lost it a moment before
+        # (still reading the exit when rank 0's connections closed) lost nothing the run needed.
+        return 0, None
     if cause is not None and code is not None and code > 0 and code != PeerLostError.exit_code:
         return code, None  # every rank met the same error (a model --tp cannot split): rank 0 said it
     why = _why(cause, report) if cause is not None else _hung(ranks, report)

@@ -139,7 +139,7 @@ def test_the_repl_under_tp_2_takes_a_turn_a_reset_a_turn_and_ctrl_d(tiny_chat_mo
         chat.expect(pexpect.EOF)
     finally:
         chat.close(force=True)
-    assert chat.exitstatus == 0
+    assert chat.exitstatus == 0, chat.before  # after EOF: the last lines, the launcher's included
     assert_all_gone(ranks)
 
 
@@ -177,7 +177,7 @@ def test_ctrl_c_regen_set_and_system_under_tp_2_keep_every_rank_in_step(tiny_cha
         chat.expect(pexpect.EOF)
     finally:
         chat.close(force=True)
-    assert chat.exitstatus == 0
+    assert chat.exitstatus == 0, chat.before  # after EOF: the last lines, the launcher's included
     assert_all_gone(ranks)
 
 

@@ -77,6 +77,13 @@ def test_rank_0_ending_the_run_ends_it_quietly_with_its_exit_code(tmp_path):
     assert (code, lines) == (7, [])
 
 
+def test_a_follower_that_loses_rank_0_as_it_ends_cleanly_leaves_the_run_clean(tmp_path):
+    # Rank 1 reads the exit as rank 0's connections close: it exits "lost rank 0" a moment before rank 0's 0.
+    code, lines = run(tmp_path, once_rank_1_is_gone("sys.exit(0)"), f"sys.exit({PeerLostError.exit_code})")
+    assert (code, lines) == (0, [])
+    assert_all_gone(tmp_path)
+
+
 def test_a_rank_that_stops_answering_is_named_with_what_rank_0_saw(tmp_path):
     report = (
         f"pathlib.Path(os.environ['{defaults.TP_REPORT_ENV}']).write_text('rank 0 lost the other ranks: timed out')"
