@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamchat.cache.feeding import FedChunk, Forwarded, forward, prefill_chunks
-    from streamchat.cache.layer_specs import LayerSpec, layer_specs
+    from streamchat.cache.layers import LayerSpec, layer_specs
     from streamchat.cache.ledger import CacheStats, Eviction
     from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
 
@@ -22,11 +22,11 @@ _HOMES = {
     "Forwarded": "feeding",
     "forward": "feeding",
     "prefill_chunks": "feeding",
-    "LayerSpec": "layer_specs",
+    "LayerSpec": "layers",
     "SinkCache": "sink_cache",
     "Step": "sink_cache",
     "StepInputs": "sink_cache",
-    "layer_specs": "layer_specs",
+    "layer_specs": "layers",
 }
 
 __all__ = [

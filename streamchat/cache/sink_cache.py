@@ -32,8 +32,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.layer_specs import LayerSpec, layer_specs
-from streamchat.cache.layers import SinkLayer, SlidingLayer
+from streamchat.cache.layers import LayerSpec, SinkLayer, SlidingLayer, layer_specs
 from streamchat.cache.ledger import (
     NO_LABEL,
     CacheStats,

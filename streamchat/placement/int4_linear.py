@@ -17,6 +17,7 @@ on the same grid): w = q * step + minimum, q in 0..15. The kernel takes the pair
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -24,24 +25,40 @@ from streamchat.placement.packed_linear import PackedLinear
 
 GROUP_SIZE = 32
 LEVELS = 15  # q in 0..15
-# The kernel's packed layout holds 32 output rows a block: [out / 32, in, 16] bytes, row j of a
-# block in the low nibbles and row 16 + j in the high ones. Prompt chunks widen the weights from
-# it, so layers whose outputs are not whole blocks stay as they are.
-OUT_BLOCK = 32
+
+
+class PackedLayout(NamedTuple):
+    """How aten packs int4 weights on this CPU: `block` output rows at a time, [out / block, in, block / 2]
+    bytes; `paired`: rows 2j and 2j + 1 of a block share byte j, else rows j and block / 2 + j do."""
+
+    block: int
+    paired: bool
+
+
+# aten's layouts by CPU capability (int4mm_kernel.cpp): AVX-512, AVX2, none. Prompt chunks widen the
+# weights from the packed ones, so layers whose outputs are not whole blocks stay as they are (aten
+# packs a last partial block differently).
+KNOWN_LAYOUTS = (PackedLayout(64, paired=False), PackedLayout(32, paired=False), PackedLayout(32, paired=True))
 
 
 def fits_int4_kernel(linear: torch.nn.Linear) -> bool:
     """Whether `linear` has a shape the int4 kernel takes, in the packed layout this module reads."""
-    shaped = linear.in_features % GROUP_SIZE == 0 and linear.out_features % OUT_BLOCK == 0
-    return shaped and packed_layout_is_known()
+    layout = packed_layout()
+    return layout is not None and linear.in_features % GROUP_SIZE == 0 and linear.out_features % layout.block == 0
 
 
 @functools.cache
-def packed_layout_is_known() -> bool:
-    """Whether this torch packs int4 weights as levels() reads them (checked once, on a small probe)."""
-    probe = torch.arange(OUT_BLOCK * 2 * GROUP_SIZE, dtype=torch.int32).reshape(OUT_BLOCK * 2, GROUP_SIZE) % 16
+def packed_layout() -> PackedLayout | None:
+    """The layout this torch packs int4 weights in on this CPU, None if not one levels() reads (probed once)."""
+    rows = max(layout.block for layout in KNOWN_LAYOUTS) * 2
+    probe = torch.randint(0, 16, (rows, GROUP_SIZE), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    return packed.numel() * 2 == probe.numel() and torch.equal(_unpack(packed, *probe.shape), probe.to(torch.uint8))
+    if packed.numel() * 2 != probe.numel():
+        return None
+    readable = (
+        layout for layout in KNOWN_LAYOUTS if torch.equal(_unpack(packed, layout, *probe.shape), probe.to(torch.uint8))
+    )
+    return next(readable, None)
 
 
 def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,6 +76,10 @@ class Int4Linear(PackedLinear):
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
+        layout = packed_layout()
+        if layout is None:  # built only where fits_int4_kernel() said the layout is one this layer reads
+            raise RuntimeError("this torch packs int4 weights in a layout Int4Linear cannot read")
+        self.layout = layout
         q, step, minimum = quantize_groups(linear.weight.detach())
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
         # [groups, out, 2]: (step, minimum + 8 * step) per group and output row, as the kernel reads them.
@@ -70,23 +91,27 @@ class Int4Linear(PackedLinear):
 
     def levels(self) -> torch.Tensor:
         """The quantized weights q [out, in] (uint8, 0..15), read back from the kernel's packed layout."""
-        return _unpack(self.weight_int4, self.out_features, self.in_features)
+        return _unpack(self.weight_int4, self.layout, self.out_features, self.in_features)
 
     def widened(self, dtype: torch.dtype) -> torch.Tensor:
-        out_features, in_features = self.out_features, self.in_features
-        weight = torch.empty(out_features // OUT_BLOCK, OUT_BLOCK, in_features, dtype=dtype)
-        weight.copy_(_nibbles(self.weight_int4, out_features, in_features).transpose(1, 2))  # the levels, widened
+        out_features, in_features, layout = self.out_features, self.in_features, self.layout
+        weight = torch.empty(out_features // layout.block, layout.block, in_features, dtype=dtype)
+        weight.copy_(_nibbles(self.weight_int4, layout, out_features, in_features).transpose(1, 2))  # the levels
         step, zero = self.scales_and_zeros.to(dtype).unbind(dim=-1)  # [groups, out] each
         groups = weight.view(out_features, -1, GROUP_SIZE)  # [out, groups, 32]
         groups.mul_(step.T[..., None]).add_((zero - 8 * step).T[..., None])  # q * step + minimum, in place
         return weight.view(out_features, in_features)
 
 
-def _nibbles(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """The levels [out / 32, in, 32] (uint8) of the kernel's packed layout."""
-    blocks = packed.view(out_features // OUT_BLOCK, in_features, OUT_BLOCK // 2)  # [out / 32, in, 16] bytes
-    return torch.cat([blocks & 15, blocks >> 4], dim=-1)
+def _nibbles(packed: torch.Tensor, layout: PackedLayout, out_features: int, in_features: int) -> torch.Tensor:
+    """The levels [out / block, in, block] (uint8) of the kernel's packed layout."""
+    blocks = packed.view(out_features // layout.block, in_features, layout.block // 2)  # [out / block, in, block / 2]
+    low, high = blocks & 15, blocks >> 4
+    if layout.paired:
+        return torch.stack([low, high], dim=-1).flatten(-2)  # rows 2j, 2j + 1 of byte j, in order
+    return torch.cat([low, high], dim=-1)
 
 
-def _unpack(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    return _nibbles(packed, out_features, in_features).transpose(1, 2).reshape(out_features, in_features)
+def _unpack(packed: torch.Tensor, layout: PackedLayout, out_features: int, in_features: int) -> torch.Tensor:
+    nibbles = _nibbles(packed, layout, out_features, in_features)
+    return nibbles.transpose(1, 2).reshape(out_features, in_features)

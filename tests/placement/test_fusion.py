@@ -8,7 +8,7 @@ from streamchat.placement.fusion import FusedProjection, ProjectionPart, fuse_pr
 from streamchat.placement.int4_linear import Int4Linear
 from streamchat.placement.int8_linear import Int8Linear
 from streamchat.placement.quantization import plan_quantization, quantize_model
-from tests.support.models import tiny_model
+from tests.support.models import tiny_config, tiny_model
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 7, 200, 11]])
 
@@ -53,9 +53,17 @@ def test_the_fused_product_is_computed_once_per_input_and_nothing_is_held_after(
     assert len(calls) == 3
 
 
+def whole_int4_blocks(dtype: torch.dtype) -> torch.nn.Module:
+    """A tiny llama whose k and v are as wide as q: every projection is whole int4 blocks on any CPU (64 outputs)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config("llama", num_key_value_heads=4)).to(dtype).eval()
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_after_fusing_the_model_predicts_as_the_separately_quantized_one(method):
-    separate, fused = fresh(dtype=torch.bfloat16), fresh(dtype=torch.bfloat16)
+    separate, fused = whole_int4_blocks(torch.bfloat16), whole_int4_blocks(torch.bfloat16)
     plan = plan_quantization(method, "cpu", "bfloat16", Accelerators())
     quantize_model(separate, plan)
     fuse_projections(fused)

@@ -78,11 +78,13 @@ def test_impossible_combinations_are_one_line_config_errors(requested, device, d
 
 
 def fresh_tiny(dtype=torch.float32, **overrides):
-    """An unshared copy of a tiny llama (tiny_model's are cached and read-only)."""
+    """An unshared tiny llama (tiny_model's are cached and read-only) whose k and v are as wide as q, so that
+    every projection is whole int4 blocks on any CPU (64 outputs: aten packs 64 at a time on AVX-512)."""
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(tiny_config("llama", **overrides), attn_implementation="sdpa")
+    config = tiny_config("llama", **{"num_key_value_heads": 4, **overrides})
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.to(dtype).eval()
 
 
