@@ -103,8 +103,8 @@ QuantizeOption = Annotated[
     str | None,
     option(
         f"Store the linear layers' weights in fewer bits: {listed(defaults.QUANTIZATIONS)} (weight-only; "
-        "activations keep --dtype). auto: int8 for bfloat16 and float16 models on CPU (the fastest setting "
-        "within 2 % of float32's perplexity), none for float32 models (no fast int8 float32 kernel) and on GPUs. "
+        "activations keep --dtype). auto: int4 for bfloat16 and float16 models on CPU (the fastest setting "
+        "within 2 % of float32's perplexity), none for float32 models (no fast float32 kernel) and on GPUs. "
         "\\[default: auto]",
         metavar="SCHEME",
     ),

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from streamchat.placement.int8_linear import Int8Linear, fits_int8_kernel
+from streamchat.placement.int8_linear import REFINED_CANDIDATES, Int8Head, Int8Linear, fits_int8_kernel
 
 
 def linear(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
@@ -36,3 +36,28 @@ def test_each_row_uses_the_int8_range_and_stays_close_to_the_float_weights():
 @pytest.mark.parametrize(("width", "fits"), [(16, True), (576, True), (1536, True), (56, False), (30, False)])
 def test_only_widths_the_kernel_computes_correctly_are_taken(width: int, fits: bool):
     assert fits_int8_kernel(torch.nn.Linear(width, 8)) is fits
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("seq", [1, 17], ids=["decode (int8 kernel)", "prompt chunk (widened weights)"])
+def test_the_head_gives_float32_logits_with_each_rows_best_computed_in_float32(bias: bool, seq: int):
+    original = linear(64, 256, torch.bfloat16, bias)
+    head = Int8Head(original)
+    hidden = torch.randn(2, seq, 64, dtype=torch.bfloat16)  # [batch, seq, in]
+    rounded = Int8Linear.forward(head, hidden)  # what the kernel gives: bfloat16
+    got = head(hidden)
+    assert got.shape == (2, seq, 256) and got.dtype == torch.float32
+    weight = head.weight_int8.float() * head.scales.float()[:, None]
+    exact = hidden.float() @ weight.T + (original.bias.float() if bias else 0)
+    best = rounded.float().topk(REFINED_CANDIDATES, dim=-1).indices
+    assert torch.allclose(got.gather(-1, best), exact.gather(-1, best), rtol=1e-5, atol=1e-5)
+    others = torch.ones_like(got, dtype=torch.bool).scatter_(-1, best, False)
+    assert torch.equal(got[others], rounded.float()[others])
+    # The rounding the head undoes: in bfloat16 some of those logits were off by more than float32's error.
+    assert (rounded.float().gather(-1, best) - exact.gather(-1, best)).abs().max() > 1e-3
+
+
+def test_a_float32_head_is_the_kernels_own_product():
+    head = Int8Head(linear(64, 256, torch.float32))
+    hidden = torch.randn(1, 1, 64)
+    assert torch.equal(head(hidden), Int8Linear.forward(head, hidden))

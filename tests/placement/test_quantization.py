@@ -19,7 +19,7 @@ CPU_INT8 = QuantizationPlan("int8", layers="int8-aten", head="int8-aten")
 @pytest.mark.parametrize(
     ("requested", "device", "dtype", "accelerators", "plan"),
     [
-        ("auto", "cpu", "bfloat16", CPU_ONLY, CPU_INT8),
+        ("auto", "cpu", "bfloat16", CPU_ONLY, CPU_INT4),
         ("auto", "cpu", "float32", CPU_ONLY, QuantizationPlan("none")),  # the kernels' float32 paths are slow
         ("auto", "cuda", "bfloat16", HOPPER, QuantizationPlan("none")),
         ("auto", "mps", "float16", Accelerators(mps=True), QuantizationPlan("none")),
