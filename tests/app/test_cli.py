@@ -121,7 +121,7 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     assert first.returncode == 0, first.stderr
     assert first.stderr.startswith(f"Converting {defaults.DEFAULT_MODEL_GGUF} to a transformers model.")
     rows = [line.rstrip() for line in first.stdout.splitlines()]
-    # The CPU defaults: bfloat16 with int8 weights where the CPU has bf16 natively, else float32 unquantized.
+    # The CPU defaults: bfloat16 with int4 weights where the CPU has bf16 natively, else float32 unquantized.
     native_bf16 = detect_accelerators().cpu_bf16
     dtype = "bfloat16" if native_bf16 else "float32"
     assert rows[:10] == [
@@ -137,7 +137,7 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
         rows[9],
     ]
     if native_bf16:
-        assert rows[6].startswith("quantization   int8 weights (quantized in ") and rows[6].endswith(" s)")
+        assert rows[6].startswith("quantization   int4 weights (quantized in ") and rows[6].endswith(" s)")
     else:
         assert rows[6] == "quantization   none"
     assert rows[9].startswith("load time      ") and rows[9].endswith(" s")

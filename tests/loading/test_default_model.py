@@ -35,11 +35,11 @@ def test_the_default_model_converts_once_then_loads_from_the_copy():
     assert second.directory == first.directory
     assert (second.source.kind, second.source.name) == ("gguf", defaults.DEFAULT_MODEL)
     assert (second.model_type, second.parameters, second.max_context) == ("llama", 134_515_008, 8192)
-    # The run defaults on a CPU: bfloat16 with int8 weights where bf16 is native (placement/device.py),
+    # The run defaults on a CPU: bfloat16 with int4 weights where bf16 is native (placement/device.py),
     # else float32 unquantized (placement/quantization.py).
     native_bf16 = detect_accelerators().cpu_bf16
     assert (second.device, second.dtype) == (torch.device("cpu"), torch.bfloat16 if native_bf16 else torch.float32)
-    assert second.quantization == ("int8" if native_bf16 else "none")
+    assert second.quantization == ("int4" if native_bf16 else "none")
     assert second.has_chat_template
 
     # The converted tokenizer is the one transformers builds from the GGUF itself.
