@@ -44,7 +44,9 @@ def run_server(
     from streamchat.loading import load_model
 
     listener = _bind(host, port)  # first: a port in use is said at once, not after the model loads
-    try:
+
+    def prepare() -> ConversationPool:
+        """On the worker's thread, the only one that runs torch (serve/worker.py says why)."""
         notify(f"loading {config.model} ...")
         loaded = load_model(load_options(config), notify=notify)
         served = Served(
@@ -58,18 +60,19 @@ def run_server(
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()
-        worker = Worker(pool, max_conversations + max_waiting)
-        worker.start()
-        try:
-            server = StoppingServer(server_config(create_app(worker, pool, options)), worker)
-            shown = f"[{host}]" if ":" in host else host
-            stderr.print(safe_text(f"serving {loaded.source.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
-            server.run(sockets=[listener])
-        finally:
-            worker.close()
+        return pool
+
+    worker = Worker(max_conversations + max_waiting)
+    try:
+        pool = worker.start(prepare)
+        server = StoppingServer(server_config(create_app(worker, pool, options)), worker)
+        shown = f"[{host}]" if ":" in host else host
+        stderr.print(safe_text(f"serving {pool.served.name} at http://{shown}:{port}/v1 (Ctrl-C stops)"))
+        server.run(sockets=[listener])
     finally:
+        worker.close()
         listener.close()
-    stderr.print(safe_text(f"stopped; every conversation is saved in {served.sessions}"))
+    stderr.print(safe_text(f"stopped; every conversation is saved in {pool.served.sessions}"))
     return TERMINATED_EXIT_CODE if server.received == signal.SIGTERM else 0
 
 

@@ -11,6 +11,11 @@ At most `max_jobs` turns are admitted at once, waiting or running; past that, su
 (the request gets 429). A turn whose client left while it waited for a live session ends
 there. Closing stops every reply, lets each turn journal what it said, then parks every live
 conversation (its state written beside its journal).
+
+It is the only thread that runs torch: it loads the model too (start(prepare)). A CPU step run
+from one thread after another had run torch's parallel regions took twice as long (18-21 ms a
+token for the default model from the thread that loaded it, 34-40 from a second one: two
+OpenMP thread pools on the same cores), which halved the server's decode speed.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -40,17 +46,22 @@ class Job:
 
 
 class Worker:
-    def __init__(self, pool: ConversationPool, max_jobs: int) -> None:
-        self.pool = pool
+    def __init__(self, max_jobs: int) -> None:
         self.max_jobs = max_jobs
         self._condition = threading.Condition()
         self._incoming: list[Job] = []
         self._jobs: set[Job] = set()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="streamchat-worker", daemon=True)
+        self._thread = threading.Thread()  # replaced by start()
+        self._running = threading.Event()  # set once `prepare` returned: the thread runs turns
 
-    def start(self) -> None:
+    def start(self, prepare: Callable[[], ConversationPool]) -> ConversationPool:
+        """Start the thread that owns the model: `prepare` builds the pool there (loading the model), then the
+        thread runs every turn. The pool, or what `prepare` raised."""
+        ready: Future[ConversationPool] = Future()
+        self._thread = threading.Thread(target=self._own, args=(prepare, ready), name="streamchat-worker", daemon=True)
         self._thread.start()
+        return ready.result()
 
     @property
     def closing(self) -> bool:
@@ -77,9 +88,20 @@ class Worker:
             self._closing = True
             self._condition.notify()
         self.stop_all()
-        self._thread.join()
+        if self._running.is_set():  # not while it still loads (Ctrl-C then): that thread dies with the process
+            self._thread.join()
 
-    def _run(self) -> None:
+    def _own(self, prepare: Callable[[], ConversationPool], ready: Future[ConversationPool]) -> None:
+        try:
+            pool = prepare()
+        except BaseException as error:  # the caller of start() says it (a model that cannot load, ...)
+            ready.set_exception(error)
+            return
+        self._running.set()
+        ready.set_result(pool)
+        self._run(pool)
+
+    def _run(self, pool: ConversationPool) -> None:
         active: list[tuple[Job, Iterator[object]]] = []
         try:
             while True:
@@ -94,7 +116,7 @@ class Worker:
                 if self._closing:
                     self.stop_all()
                 waiting = [self._step(job, items) for job, items in active]
-                engine = self.pool.served.engine
+                engine = pool.served.engine
                 if engine is not None and engine.has_work():
                     engine.step()  # what the turns queued this round, in one forward pass
                 active = [pair for pair, state in zip(active, waiting, strict=True) if state is not None]
@@ -102,7 +124,7 @@ class Worker:
                     with self._condition:
                         self._condition.wait(WAITING_POLL_SECONDS)
         finally:
-            self.pool.park_all()
+            pool.park_all()
 
     def _step(self, job: Job, items: Iterator[object]) -> bool | None:
         """One step of `job` (its items delivered on the way): True when it waits for a session, False when

@@ -113,10 +113,14 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             engine=Engine(model) if batched else None,
             reply_tokens_limit=reply_tokens_limit,
         )
-        pool = ConversationPool(served, max_conversations)
-        pool.start()
-        worker = Worker(pool, max_conversations + max_waiting)
-        worker.start()
+
+        def prepare() -> ConversationPool:
+            pool = ConversationPool(served, max_conversations)
+            pool.start()
+            return pool
+
+        worker = Worker(max_conversations + max_waiting)
+        pool = worker.start(prepare)
         options = HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits())
         if body_seconds is not None:
             options = dataclasses.replace(options, body_seconds=body_seconds)
