@@ -7,13 +7,13 @@ import torch
 
 from streamchat.placement.int4_linear import (
     GROUP_SIZE,
+    INT4_KERNEL_MAX_ROWS,
     Int4Linear,
     PackedLayout,
     fits_int4_kernel,
     packed_layout,
     quantize_groups,
 )
-from streamchat.placement.packed_linear import KERNEL_MAX_ROWS
 
 
 def linear(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
@@ -52,12 +52,14 @@ def test_the_layouts_of_other_cpus_are_read_too(capability: str):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("seq", [1, 17], ids=["decode (int4 kernel)", "prompt chunk (widened weights)"])
+@pytest.mark.parametrize(
+    "seq", [1, 17, 65], ids=["decode (int4 kernel)", "prompt chunk (int4 kernel)", "long chunk (widened weights)"]
+)
 def test_it_computes_with_the_grouped_weights(dtype: torch.dtype, bias: bool, seq: int):
     original = linear(96, 64, dtype, bias)
     layer = Int4Linear(original)
-    hidden = torch.randn(2, seq, 96, dtype=dtype)  # [batch, seq, in]; 34 rows go past KERNEL_MAX_ROWS
-    assert (2 * seq > KERNEL_MAX_ROWS) == (seq == 17)
+    hidden = torch.randn(2, seq, 96, dtype=dtype)  # [batch, seq, in]; 130 rows go past INT4_KERNEL_MAX_ROWS
+    assert (2 * seq > INT4_KERNEL_MAX_ROWS) == (seq == 65)
     # What the layer stands for: each group's levels times its step, plus its minimum, in float32.
     expected = hidden.float() @ layer.widened(torch.float32).T + (original.bias.float() if bias else 0)
     got = layer(hidden)
