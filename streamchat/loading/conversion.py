@@ -51,6 +51,11 @@ def cache_root() -> Path:
     return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir(defaults.APP_NAME))
 
 
+def kernels_dir() -> Path:
+    """Where the product kernels streamchat builds for this machine live (placement/native_int4.py)."""
+    return cache_root() / "kernels"
+
+
 def conversion_dir(gguf: Path) -> Path:
     """Where the converted copy of `gguf` lives; it exists once a conversion has finished."""
     source = gguf.resolve()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from streamchat import defaults
 from streamchat.loading.aliases import offline_install
 from streamchat.loading.configs import read_supported_config
-from streamchat.loading.conversion import Notify, convert_gguf
+from streamchat.loading.conversion import Notify, convert_gguf, kernels_dir
 from streamchat.loading.failures import model_errors
 from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_intact_weights
@@ -112,7 +112,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         from streamchat.placement.fusion import fuse_projections  # imports torch: only once a model loads
 
         fuse_projections(model)  # before quantizing: the fused layers are quantized whole
-    quantize_model(model, quantization)
+    quantize_model(model, quantization, kernels_dir())
     quantize_seconds = time.perf_counter() - quantizing
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(

@@ -29,9 +29,11 @@ Why these schemes (measured on the CI CPU in eager mode, default model; README, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
@@ -120,10 +122,12 @@ def _check_cuda_int4(dtype: str, accelerators: Accelerators) -> None:
 # ---- carrying a plan out ----------------------------------------------------------------------
 
 
-def quantize_model(model: torch.nn.Module, plan: QuantizationPlan) -> int:
+def quantize_model(model: torch.nn.Module, plan: QuantizationPlan, kernels: Path | None = None) -> int:
     """Quantize `model`'s linear layers in place as `plan` says; return how many layers were quantized.
 
-    A layer whose shape the scheme's kernel cannot take stays as it is.
+    A layer whose shape the scheme's kernel cannot take stays as it is. int4 layers on a CPU go
+    through streamchat's own kernel where it builds into the directory `kernels` and runs here
+    (placement/native_int4.py), else through aten's.
     """
     if plan.method == "none":
         return 0
@@ -132,15 +136,18 @@ def quantize_model(model: torch.nn.Module, plan: QuantizationPlan) -> int:
     head = model.get_output_embeddings()
     count = 0
     if plan.layers is not None:
-        count += _apply(model, plan.layers, lambda module: isinstance(module, torch.nn.Linear) and module is not head)
+        chosen = lambda module: isinstance(module, torch.nn.Linear) and module is not head  # noqa: E731
+        count += _apply(model, plan.layers, chosen, kernels)
     if plan.head is not None and isinstance(head, torch.nn.Linear):
-        count += _apply(model, plan.head, lambda module: module is head)
+        count += _apply(model, plan.head, lambda module: module is head, kernels)
     return count
 
 
-def _apply(model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool]) -> int:
+def _apply(
+    model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool], kernels: Path | None
+) -> int:
     if scheme in ("int8-aten", "int4-aten"):
-        return _replace_linear_layers(model, scheme, chosen)
+        return _replace_linear_layers(model, _layer_maker(scheme, kernels), chosen)
     torchao = _import_torchao(scheme)
     if scheme == "int8-torchao":
         config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
@@ -170,26 +177,48 @@ def _torchao_quantize(torchao: object, model: torch.nn.Module, config: object, c
     return len(chosen_names)
 
 
-def _replace_linear_layers(model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool]) -> int:
-    """Replace the chosen linear layers the scheme's aten kernel takes with Int8Linear or Int4Linear."""
-    from streamchat.placement.int4_linear import Int4Linear, fits_int4_kernel
+class _LayerMaker(NamedTuple):
+    """What replaces a chosen linear layer (as the output projection, `head`), and which layers it takes."""
+
+    layer: Callable[[torch.nn.Linear], torch.nn.Module]
+    head: Callable[[torch.nn.Linear], torch.nn.Module]
+    fits: Callable[[torch.nn.Linear], bool]
+
+
+def _layer_maker(scheme: Scheme, kernels: Path | None) -> _LayerMaker:
     from streamchat.placement.int8_linear import Int8Head, Int8Linear, fits_int8_kernel
 
-    layer_type, fits = (Int8Linear, fits_int8_kernel) if scheme == "int8-aten" else (Int4Linear, fits_int4_kernel)
+    if scheme == "int8-aten":
+        return _LayerMaker(Int8Linear, Int8Head, fits_int8_kernel)
+    from streamchat.placement.native_int4 import TiledInt4Linear, fits_native_int4, load_int4_kernel
+
+    kernel = None if kernels is None else load_int4_kernel(kernels)
+    if kernel is not None:
+        tiled = functools.partial(TiledInt4Linear, kernel=kernel)
+        return _LayerMaker(tiled, tiled, fits_native_int4)
+    from streamchat.placement.int4_linear import Int4Linear, fits_int4_kernel
+
+    return _LayerMaker(Int4Linear, Int4Linear, fits_int4_kernel)
+
+
+def _replace_linear_layers(
+    model: torch.nn.Module, maker: _LayerMaker, chosen: Callable[[torch.nn.Module], bool]
+) -> int:
+    """Replace the chosen linear layers `maker` takes with the quantized layers it makes."""
     # Collected first: replacing children while walking the module tree would skip some.
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if chosen(child) and fits(child)
+        if chosen(child) and maker.fits(child)
     ]
     head = model.get_output_embeddings()
     for parent, name, child in targets:
         if child is head:
             # Unties a shared embedding: the input side keeps its float table (one row read per token).
-            model.set_output_embeddings(Int8Head(child) if layer_type is Int8Linear else layer_type(child))
+            model.set_output_embeddings(maker.head(child))
         else:
-            setattr(parent, name, layer_type(child))
+            setattr(parent, name, maker.layer(child))
     return len(targets)
 
 
