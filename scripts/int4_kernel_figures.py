@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from streamchat.placement.int4_linear import Int4Linear
-from streamchat.placement.native_int4 import TiledInt4Linear, load_int4_kernel
+from streamchat.placement.native_layers import TiledInt4Linear, load_int4_kernel
 
 # The default model's shapes (in, out), q/k/v and gate/up fused as at load.
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}

@@ -90,7 +90,7 @@ ENV_PREFIX = "STREAMCHAT_"
 CACHE_DIR_ENV = "STREAMCHAT_CACHE_DIR"
 DATA_DIR_ENV = "STREAMCHAT_DATA_DIR"
 CONFIG_FILE_ENV = "STREAMCHAT_CONFIG"
-# "0" keeps int4 layers on aten's kernel instead of building streamchat's own (placement/native_int4.py).
+# "0": torch's CPU kernels only, none of streamchat's own (placement/native.py).
 NATIVE_KERNELS_ENV = "STREAMCHAT_NATIVE_KERNELS"
 
 # Piped transcripts: how user turns are read, and how the conversation is written to stdout.

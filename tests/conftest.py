@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -24,11 +25,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point streamchat's cache and the Hugging Face cache at temporary directories.
+    """Point streamchat's cache and the Hugging Face cache at temporary directories (the native kernels'
+    build shared by all of them).
 
     Processes a test starts also stay off the hub unless the test says otherwise.
     """
     caches = tmp_path_factory.mktemp("caches")
+    # streamchat's native kernels are built once per machine, so once per session here, not per test.
+    kernels = tmp_path_factory.getbasetemp() / "native-kernels"
+    kernels.mkdir(exist_ok=True)
+    (caches / "streamchat").mkdir()
+    (caches / "streamchat" / "kernels").symlink_to(kernels, target_is_directory=True)
     monkeypatch.setenv("STREAMCHAT_CACHE_DIR", str(caches / "streamchat"))
     monkeypatch.setenv("HF_HOME", str(caches / "huggingface"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -37,8 +44,27 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def torch_attention_after_each_test():
+    """A model loaded in a test turns native attention on for its process (placement/attention.py): off after,
+    so that no test runs with what an earlier one loaded."""
+    yield
+    attention = sys.modules.get("streamchat.placement.attention")
+    if attention is not None:
+        attention.use_native_kernels(None)
+
+
+@pytest.fixture
+def default_model(loaded_default_model):
+    """The real default model (SmolLM2-135M-Instruct), its native kernels in use as a load leaves them."""
+    from streamchat.placement.attention import use_native_kernels
+
+    use_native_kernels(loaded_default_model.native)
+    return loaded_default_model
+
+
 @pytest.fixture(scope="session")
-def default_model(tmp_path_factory: pytest.TempPathFactory):
+def loaded_default_model(tmp_path_factory: pytest.TempPathFactory):
     """The real default model (SmolLM2-135M-Instruct), converted once per test session."""
     import importlib.util
 

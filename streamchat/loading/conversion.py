@@ -52,7 +52,7 @@ def cache_root() -> Path:
 
 
 def kernels_dir() -> Path:
-    """Where the product kernels streamchat builds for this machine live (placement/native_int4.py)."""
+    """Where the product kernels streamchat builds for this machine live (placement/native.py)."""
     return cache_root() / "kernels"
 
 

@@ -19,7 +19,7 @@ from streamchat.loading.integrity import ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import ensure_loadable_weights
 from streamchat.placement.device import Placement, detect_accelerators, plan_placement
-from streamchat.placement.quantization import plan_quantization, quantize_model
+from streamchat.placement.quantization import QuantizationPlan, plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
     ensure_no_device_map,
@@ -30,6 +30,8 @@ from streamchat.placement.tensor_parallel import (
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from streamchat.placement.native import NativeKernels
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class LoadedModel:
     load_seconds: float
     # Of load_seconds, the time quantizing took (done at every start, not cached).
     quantize_seconds: float = 0.0
+    # streamchat's own CPU kernels this model runs through (placement/native.py), if any.
+    native: NativeKernels | None = None
 
     @property
     def has_chat_template(self) -> bool:
@@ -107,12 +111,13 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     ensure_intact_weights(directory, remedy=_damaged_weights_remedy(source, directory))
     model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
     parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
+    native = native_kernels(placement.device, placement.dtype, quantization)  # built once per machine
     quantizing = time.perf_counter()
     if options.tp_size == 1:
         from streamchat.placement.fusion import fuse_projections  # imports torch: only once a model loads
 
         fuse_projections(model)  # before quantizing: the fused layers are quantized whole
-    quantize_model(model, quantization, kernels_dir())
+    quantize_model(model, quantization, native)
     quantize_seconds = time.perf_counter() - quantizing
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(
@@ -128,6 +133,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         parameters=parameters,
         load_seconds=time.perf_counter() - started,
         quantize_seconds=quantize_seconds,
+        native=native,
     )
 
 
@@ -198,6 +204,18 @@ def _load_pretrained(
         )
         tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
     return model, tokenizer
+
+
+def native_kernels(device: str, dtype: str, quantization: QuantizationPlan) -> NativeKernels | None:
+    """streamchat's own CPU kernels, in use from now on where a model on a CPU has a use for them: its
+    attention in bfloat16, its int4 layers (placement/native.py). A float32 model builds nothing."""
+    from streamchat.placement.attention import use_native_kernels
+    from streamchat.placement.native import load_native_kernels
+
+    wanted = device == "cpu" and (dtype == "bfloat16" or quantization.method == "int4")
+    native = load_native_kernels(kernels_dir()) if wanted else None
+    use_native_kernels(native)
+    return native
 
 
 def attention_implementation(config: PreTrainedConfig) -> str:

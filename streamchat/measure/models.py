@@ -192,8 +192,7 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
     from transformers import AutoModelForCausalLM
 
     from streamchat.cache.architectures import ensure_supported
-    from streamchat.loading.conversion import kernels_dir
-    from streamchat.loading.loader import attention_implementation
+    from streamchat.loading.loader import attention_implementation, native_kernels
     from streamchat.placement.device import detect_accelerators, plan_placement
     from streamchat.placement.quantization import plan_quantization, quantize_model
 
@@ -209,7 +208,7 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
             config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
         )
     model.eval()
-    quantize_model(model, quantization, kernels_dir())
+    quantize_model(model, quantization, native_kernels(placement.device, placement.dtype, quantization))
     return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
 
 

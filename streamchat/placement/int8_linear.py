@@ -26,16 +26,22 @@ def fits_int8_kernel(linear: torch.nn.Linear) -> bool:
     return linear.in_features % IN_FEATURES_MULTIPLE == 0
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` [out, in] as int8 [out, in] and float32 scales [out]: symmetric per output row, the row's
+    largest magnitude mapped to 127."""
+    wide = weight.float()
+    scales = wide.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # [out]
+    quantized = torch.round(wide / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return quantized.contiguous(), scales
+
+
 class Int8Linear(PackedLinear):
     """y = x @ (scales * weight_int8).T + bias."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
-        weight = linear.weight.detach().float()  # [out, in]
-        # Symmetric per output row: the row's largest magnitude maps to 127.
-        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # [out]
-        quantized = torch.round(weight / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-        self.register_buffer("weight_int8", quantized.contiguous())
+        quantized, scales = quantize_rows(linear.weight.detach())
+        self.register_buffer("weight_int8", quantized)
         # The kernel wants the scales in the activations' dtype.
         self.register_buffer("scales", scales.to(linear.weight.dtype))
 

@@ -7,10 +7,11 @@ cached). Activations stay in the model's dtype; only weights are stored in fewer
 
 Why these schemes (measured on the CI CPU in eager mode, default model; README, Benchmarks):
 
-- int4 on CPU is Int4Linear (aten's _weight_int4pack_mm_for_cpu, called directly: torchao's
-  Int4OpaqueTensor reaches the same kernel through a tensor subclass whose dispatch cost
-  ate the gain). Groups of 32 are the groups of the GGUF Q4_1 blocks the default model
-  ships in. auto picks it for bfloat16 and float16 models: 25 % faster than int8 on an
+- int4 on CPU is TiledInt4Linear (streamchat's own AVX-512 VNNI kernel, placement/native.py)
+  where the kernels build, else Int4Linear (aten's _weight_int4pack_mm_for_cpu, called
+  directly: torchao's Int4OpaqueTensor reaches the same kernel through a tensor subclass
+  whose dispatch cost ate the gain). Groups of 32 are the groups of the GGUF Q4_1 blocks
+  the default model ships in. auto picks it for bfloat16 and float16 models: 25 % faster than int8 on an
   AVX-512 CPU and within 2 % of float32's perplexity (+0.26 %). float32 models stay
   unquantized: the kernels' float32 paths are slower than a float32 product on AVX2 CPUs.
   On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
@@ -22,9 +23,10 @@ Why these schemes (measured on the CI CPU in eager mode, default model; README, 
   under torch.compile, which fuses the dequantization into the matmul.
 - The output projection (lm_head, a quarter of the default model's weights) is kept out
   of int4: int4 there costs 7.3 % perplexity (+0.31 % with it in int8, default model,
-  bfloat16). On CPU it takes int8 instead (Int8Head: float32 logits, each row's best
-  recomputed in float32, so that half precision's rounding does not decide between close
-  tokens); on CUDA it stays in the model's dtype.
+  bfloat16). On CPU it takes int8 instead, with float32 logits so that half precision's
+  rounding does not decide between close tokens (TiledInt8Head through the native kernel;
+  else Int8Head, each row's best recomputed in float32); on CUDA it stays in the model's
+  dtype.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from streamchat import defaults
@@ -41,6 +42,8 @@ from streamchat.placement.device import Accelerators
 
 if TYPE_CHECKING:
     import torch
+
+    from streamchat.placement.native import NativeKernels
 
 QUANTIZE_NAMES = ", ".join(defaults.QUANTIZATIONS)
 # The install line a missing or unusable torchao points at: the range pyproject.toml pins.
@@ -122,12 +125,12 @@ def _check_cuda_int4(dtype: str, accelerators: Accelerators) -> None:
 # ---- carrying a plan out ----------------------------------------------------------------------
 
 
-def quantize_model(model: torch.nn.Module, plan: QuantizationPlan, kernels: Path | None = None) -> int:
+def quantize_model(model: torch.nn.Module, plan: QuantizationPlan, native: NativeKernels | None = None) -> int:
     """Quantize `model`'s linear layers in place as `plan` says; return how many layers were quantized.
 
     A layer whose shape the scheme's kernel cannot take stays as it is. int4 layers on a CPU go
-    through streamchat's own kernel where it builds into the directory `kernels` and runs here
-    (placement/native_int4.py), else through aten's.
+    through streamchat's own kernel where there is one (`native`, placement/native_layers.py), else
+    through aten's.
     """
     if plan.method == "none":
         return 0
@@ -137,17 +140,17 @@ def quantize_model(model: torch.nn.Module, plan: QuantizationPlan, kernels: Path
     count = 0
     if plan.layers is not None:
         chosen = lambda module: isinstance(module, torch.nn.Linear) and module is not head  # noqa: E731
-        count += _apply(model, plan.layers, chosen, kernels)
+        count += _apply(model, plan.layers, chosen, native)
     if plan.head is not None and isinstance(head, torch.nn.Linear):
-        count += _apply(model, plan.head, lambda module: module is head, kernels)
+        count += _apply(model, plan.head, lambda module: module is head, native)
     return count
 
 
 def _apply(
-    model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool], kernels: Path | None
+    model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool], native: NativeKernels | None
 ) -> int:
     if scheme in ("int8-aten", "int4-aten"):
-        return _replace_linear_layers(model, _layer_maker(scheme, kernels), chosen)
+        return _replace_linear_layers(model, _layer_maker(scheme, native), chosen)
     torchao = _import_torchao(scheme)
     if scheme == "int8-torchao":
         config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
@@ -185,20 +188,30 @@ class _LayerMaker(NamedTuple):
     fits: Callable[[torch.nn.Linear], bool]
 
 
-def _layer_maker(scheme: Scheme, kernels: Path | None) -> _LayerMaker:
-    from streamchat.placement.int8_linear import Int8Head, Int8Linear, fits_int8_kernel
+def _layer_maker(scheme: Scheme, native: NativeKernels | None) -> _LayerMaker:
+    from streamchat.placement.int8_linear import Int8Linear, fits_int8_kernel
 
     if scheme == "int8-aten":
-        return _LayerMaker(Int8Linear, Int8Head, fits_int8_kernel)
-    from streamchat.placement.native_int4 import TiledInt4Linear, fits_native_int4, load_int4_kernel
+        return _LayerMaker(Int8Linear, _int8_head_maker(native), fits_int8_kernel)
+    if native is not None:
+        from streamchat.placement.native_layers import TiledInt4Linear, fits_native_int4
 
-    kernel = None if kernels is None else load_int4_kernel(kernels)
-    if kernel is not None:
-        tiled = functools.partial(TiledInt4Linear, kernel=kernel)
+        tiled = functools.partial(TiledInt4Linear, kernels=native)
         return _LayerMaker(tiled, tiled, fits_native_int4)
     from streamchat.placement.int4_linear import Int4Linear, fits_int4_kernel
 
     return _LayerMaker(Int4Linear, Int4Linear, fits_int4_kernel)
+
+
+def _int8_head_maker(native: NativeKernels | None) -> Callable[[torch.nn.Linear], torch.nn.Module]:
+    """The int8 output head: through streamchat's own kernel where it takes the head, else aten's (Int8Head)."""
+    from streamchat.placement.int8_linear import Int8Head
+
+    if native is None:
+        return Int8Head
+    from streamchat.placement.native_layers import TiledInt8Head, fits_native_int8
+
+    return lambda linear: TiledInt8Head(linear, native) if fits_native_int8(linear) else Int8Head(linear)
 
 
 def _replace_linear_layers(

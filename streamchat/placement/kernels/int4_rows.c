@@ -1,6 +1,6 @@
 /* int4 weights times a few activation rows on AVX-512 VNNI CPUs: streamchat's own product kernel.
 
-   Built and loaded by streamchat/placement/native_int4.py, which also packs the weights.
+   Built and loaded by streamchat/placement/native.py; packed by streamchat/placement/native_layers.py.
 
    out[rows, n] = x[rows, k] @ W.T, W[o, i] = q * step + minimum per group of 32 inputs (q in 0..15,
    step and minimum in float16: GGUF Q4_1's scheme). Each activation row is split per group of 32 into
@@ -119,6 +119,7 @@ static const tile_function TILE_ROWS_OF[ROW_BLOCK + 1] = {
    k a multiple of 32, n of 16. Returns 0, or 1 when scratch memory could not be had. */
 int int4_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *nibbles, const uint16_t *params,
               int64_t n, void *out, int out_bf16, int threads) {
+    if (rows == 0) return 0;
     int64_t groups = k / GROUP, tiles = n / TILE;
     int8_t *levels = malloc(2 * rows * k), *residuals = levels + rows * k;
     float *steps = malloc(sizeof(float) * rows * groups), *sums = malloc(sizeof(float) * rows * groups);

@@ -1,0 +1,185 @@
+/* One decode query per row attending over a cache, on AVX-512 CPUs: streamchat's own attention kernel.
+
+   Built and loaded by streamchat/placement/native.py; called by streamchat/placement/attention.py.
+
+   query [batch, kv_heads, groups, dim] (a key/value head's query heads as rows, packed as
+   decode_attention packs them), keys [batch, kv_heads, slots, dim] and values [.., value_dim] as the
+   cache stores them (slots contiguous, any batch and head strides), mask float32 [batch or 1, slots]
+   added to the scores (0 or the least float), or none. out [batch, kv_heads, groups, value_dim].
+
+   torch's bfloat16 matrix products cost about 100 us a call on CPU whatever their size (oneDNN builds
+   a primitive for every new shape, and a decode step's key count grows every step): two a layer were
+   4 ms of a 20 ms step with a short cache. Here one call reads each key and value once for all of a
+   head's query rows, in float32 throughout (the scores are not rounded to bfloat16), split over
+   threads by head and by CHUNK slots (flash-decoding: each chunk's softmax is merged after). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 256
+#define MAX_GROUPS 16
+#define MAX_DIM 256
+#define HIDDEN -1e30f /* a score at or below this is a masked slot */
+
+static inline __m512 load_16(const void *x, int bf16, int64_t at) {
+    if (!bf16) return _mm512_loadu_ps((const float *)x + at);
+    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+static inline uint16_t float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    bits += 0x7FFF + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), 0 below -87: Cephes' expf, 16 at a time. */
+static inline __m512 exp_16(__m512 x) {
+    __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(kept, _mm512_scalef_ps(p, n));
+}
+
+typedef struct {
+    const void *keys, *values;
+    int64_t key_batch, key_head, value_batch, value_head; /* strides, in elements */
+    const float *mask;
+    int64_t mask_batch;
+    int64_t groups, dim, value_dim, slots;
+    int bf16;
+} Cache;
+
+/* A chunk of one head's slots: its maximum score, softmax sum and unnormalised output per query row.
+   Each query row goes over the chunk on its own (the chunk's keys and values stay in cache between rows),
+   so that its dot products and its output sit in registers: dim_vectors and value_vectors are constants
+   where this is inlined (attend_chunk's cases). */
+static inline __attribute__((always_inline)) void attend_chunk_with(
+    const int64_t dim_vectors, const int64_t value_vectors, const Cache *c, const float *query, int64_t b,
+    int64_t h, int64_t first, int64_t count, float *maximum, float *total, float *out) {
+    float scores[CHUNK];
+    const int64_t key_at = b * c->key_batch + h * c->key_head + first * c->dim;
+    const int64_t value_at = b * c->value_batch + h * c->value_head + first * c->value_dim;
+    const float *mask = c->mask ? c->mask + b * c->mask_batch + first : NULL;
+    for (int64_t g = 0; g < c->groups; g++) {
+        __m512 q[MAX_DIM / 16];
+        for (int64_t d = 0; d < dim_vectors; d++) q[d] = _mm512_loadu_ps(query + g * c->dim + 16 * d);
+        float largest = -INFINITY;
+        for (int64_t i = 0; i < count; i++) {
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t d = 0; d < dim_vectors; d++)
+                dot = _mm512_fmadd_ps(q[d], load_16(c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);
+            float added = mask ? mask[i] : 0.0f;
+            float score = added <= HIDDEN ? -INFINITY : _mm512_reduce_add_ps(dot) + added;
+            scores[i] = score;
+            largest = score > largest ? score : largest;
+        }
+        maximum[g] = largest;
+        __m512 acc[MAX_DIM / 16];
+        for (int64_t d = 0; d < value_vectors; d++) acc[d] = _mm512_setzero_ps();
+        float sum = 0.0f;
+        if (largest != -INFINITY) {
+            for (int64_t i = 0; i < count; i += 16) {
+                __mmask16 part = count - i >= 16 ? 0xFFFF : (__mmask16)((1u << (count - i)) - 1);
+                __m512 shifted = _mm512_sub_ps(_mm512_maskz_loadu_ps(part, scores + i), _mm512_set1_ps(largest));
+                __m512 weights = _mm512_maskz_mov_ps(part, exp_16(shifted));
+                _mm512_mask_storeu_ps(scores + i, part, weights);
+                sum += _mm512_reduce_add_ps(weights);
+            }
+            for (int64_t i = 0; i < count; i++) {
+                __m512 weight = _mm512_set1_ps(scores[i]);
+                for (int64_t d = 0; d < value_vectors; d++)
+                    acc[d] = _mm512_fmadd_ps(weight, load_16(c->values, c->bf16, value_at + i * c->value_dim + 16 * d), acc[d]);
+            }
+        }
+        total[g] = sum;
+        for (int64_t d = 0; d < value_vectors; d++) _mm512_storeu_ps(out + g * c->value_dim + 16 * d, acc[d]);
+    }
+}
+
+static void attend_chunk(const Cache *c, const float *query, int64_t b, int64_t h, int64_t first, int64_t count,
+                         float *maximum, float *total, float *out) {
+    if (c->dim == 64 && c->value_dim == 64)
+        attend_chunk_with(4, 4, c, query, b, h, first, count, maximum, total, out);
+    else if (c->dim == 128 && c->value_dim == 128)
+        attend_chunk_with(8, 8, c, query, b, h, first, count, maximum, total, out);
+    else
+        attend_chunk_with(c->dim / 16, c->value_dim / 16, c, query, b, h, first, count, maximum, total, out);
+}
+
+/* Returns 0; 1 for shapes it does not take (dim or value_dim not a multiple of 16 or over MAX_DIM, more
+   than MAX_GROUPS query rows a head), 2 when scratch memory could not be had. */
+int decode_attention(const void *query, const void *keys, const void *values, const float *mask, void *out,
+                     int64_t batch, int64_t kv_heads, int64_t groups, int64_t dim, int64_t value_dim, int64_t slots,
+                     int64_t key_batch, int64_t key_head, int64_t value_batch, int64_t value_head, int64_t mask_batch,
+                     float scale, int bf16, int threads) {
+    if (dim % 16 || value_dim % 16 || dim > MAX_DIM || value_dim > MAX_DIM || groups > MAX_GROUPS || groups < 1)
+        return 1;
+    const Cache cache = {keys, values, key_batch, key_head, value_batch, value_head, mask, mask_batch,
+                         groups, dim, value_dim, slots, bf16};
+    const int64_t chunks = slots > 0 ? (slots + CHUNK - 1) / CHUNK : 1, heads = batch * kv_heads;
+    const int64_t per_chunk = groups * (2 + value_dim);
+    float *queries = malloc(sizeof(float) * heads * groups * dim);
+    float *partial = malloc(sizeof(float) * heads * chunks * per_chunk);
+    if (!queries || !partial) {
+        free(queries), free(partial);
+        return 2;
+    }
+    for (int64_t i = 0; i < heads * groups * dim; i++) {
+        float q;
+        if (bf16) {
+            uint32_t bits = (uint32_t)((const uint16_t *)query)[i] << 16;
+            memcpy(&q, &bits, sizeof q);
+        } else {
+            q = ((const float *)query)[i];
+        }
+        queries[i] = q * scale;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t unit = 0; unit < heads * chunks; unit++) {
+        int64_t head = unit / chunks, chunk = unit % chunks, first = chunk * CHUNK;
+        int64_t count = slots - first < CHUNK ? slots - first : CHUNK;
+        float *at = partial + unit * per_chunk;
+        attend_chunk(&cache, queries + head * groups * dim, head / kv_heads, head % kv_heads, first,
+                     count > 0 ? count : 0, at, at + groups, at + 2 * groups);
+    }
+    /* Merge each head's chunks: scale each by e^(its maximum - the head's), divide by the merged sum. */
+    for (int64_t head = 0; head < heads; head++) {
+        for (int64_t g = 0; g < groups; g++) {
+            float largest = -INFINITY, sum = 0.0f;
+            for (int64_t chunk = 0; chunk < chunks; chunk++) {
+                float m = partial[(head * chunks + chunk) * per_chunk + g];
+                largest = m > largest ? m : largest;
+            }
+            float merged[MAX_DIM] = {0};
+            for (int64_t chunk = 0; chunk < chunks; chunk++) {
+                const float *at = partial + (head * chunks + chunk) * per_chunk;
+                if (at[g] == -INFINITY) continue;
+                float weight = expf(at[g] - largest);
+                sum += weight * at[groups + g];
+                for (int64_t d = 0; d < value_dim; d++) merged[d] += weight * at[2 * groups + g * value_dim + d];
+            }
+            float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+            int64_t out_at = (head * groups + g) * value_dim;
+            for (int64_t d = 0; d < value_dim; d++) {
+                if (bf16) ((uint16_t *)out)[out_at + d] = float_to_bf16(merged[d] * inverse);
+                else ((float *)out)[out_at + d] = merged[d] * inverse;
+            }
+        }
+    }
+    free(queries), free(partial);
+    return 0;
+}

@@ -1,0 +1,186 @@
+"""streamchat's own CPU kernels (placement/kernels/*.c), built once per machine by its C compiler.
+
+    kernels = load_native_kernels(directory)      # None where they cannot be built or run here
+    kernels.int4_rows(rows, nibbles, params)      # int4 weights times activation rows (native_layers.py)
+    kernels.int8_rows(rows, packed, scales, sums) # int8 weights: the output head's float32 logits
+    kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
+
+Where torch's CPU kernels leave most of a decode step's time on the table (aten's int4
+and int8 products reread the weights every 4 rows and widen each to float32; a bfloat16
+matrix product costs ~100 us a call whatever its size), these are small C files using AVX-512
+(VNNI for int4), threaded by OpenMP: linked to libgomp, the runtime torch loaded, so they
+share its thread pool. They are built where they can run: Linux on x86-64 with AVX-512 VNNI
+and a C compiler ($CC, else cc) that takes -fopenmp. The shared library goes to streamchat's
+cache dir under a name hashed from the sources and flags, so a machine builds it once (about
+a second), and each kernel is checked against torch before first use. Anywhere else, if the
+build or a check fails, or with STREAMCHAT_NATIVE_KERNELS=0, there are no native kernels and
+every caller keeps torch's (the same results within rounding).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from streamchat import defaults
+
+TILE = 16  # outputs a tile of int4 weights holds: one vector lane each (int4_rows.c)
+SOURCES = tuple(sorted((Path(__file__).parent / "kernels").glob("*.c")))
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
+FLAGS += ("-mavx512vnni", "-mfma", "-mf16c")
+CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}  # as /proc/cpuinfo names them
+BUILD_TIMEOUT_S = 120
+# Far above what the kernels' rounding gives (about 0.2 %): a check that finds more is a broken build.
+CHECK_TOLERANCE = 0.02
+
+_INT4_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+_INT4_ROWS += (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+_INT8_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+_INT8_ROWS += (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
+_ATTENTION = (ctypes.c_void_p,) * 5 + (ctypes.c_int64,) * 11 + (ctypes.c_float, ctypes.c_int, ctypes.c_int)
+_SHAPE_NOT_TAKEN = 1  # decode_attention's answer for shapes it does not take
+
+
+class NativeKernels:
+    """The built library's kernels, called on tensors."""
+
+    def __init__(self, library: Path) -> None:
+        self.library = library
+        loaded = ctypes.CDLL(str(library))
+        self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
+        signatures = ((self._int4_rows, _INT4_ROWS), (self._int8_rows, _INT8_ROWS), (self._attention, _ATTENTION))
+        for function, arguments in signatures:
+            function.argtypes, function.restype = list(arguments), ctypes.c_int
+
+    def int4_rows(self, rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        """rows [n, in] (contiguous, float32 or bfloat16) @ W.T for tile-packed int4 W: [n, out], the rows' dtype."""
+        count, in_features = rows.shape
+        out = torch.empty(count, nibbles.shape[0] * TILE, dtype=rows.dtype)
+        half = rows.dtype == torch.bfloat16
+        failed = self._int4_rows(
+            rows.data_ptr(), half, count, in_features, nibbles.data_ptr(), params.data_ptr(), out.shape[1],
+            out.data_ptr(), half, torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError(f"the int4 kernel could not allocate scratch memory for {count} rows")
+        return out
+
+    def int8_rows(
+        self, rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor
+    ) -> torch.Tensor:
+        """rows [n, in] (contiguous, float32 or bfloat16) @ (scales * W).T for tile-packed int8 W [out / 16, in / 4,
+        16, 4] with float32 scales [out] and int32 row sums [out]: float32 [n, out]."""
+        count, in_features = rows.shape
+        out = torch.empty(count, scales.shape[0], dtype=torch.float32)
+        failed = self._int8_rows(
+            rows.data_ptr(), rows.dtype == torch.bfloat16, count, in_features, packed.data_ptr(), scales.data_ptr(),
+            sums.data_ptr(), out.shape[1], out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError(f"the int8 kernel could not allocate scratch memory for {count} rows")
+        return out
+
+    def decode_attention(
+        self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+    ) -> torch.Tensor | None:
+        """Attention [B, KV, G, Dv] of query [B, KV, G, D] (contiguous) over keys [B, KV, S, D] and values
+        [B, KV, S, Dv] (each slot's vector contiguous), float32 terms mask [B or 1, 1, 1, S] added to the
+        scores, or None; all float32 or all bfloat16. None for what the kernel does not take."""
+        batch, kv_heads, groups, dim = query.shape
+        slots, value_dim = values.shape[2], values.shape[3]
+        if not (query.dtype == keys.dtype == values.dtype and query.dtype in (torch.float32, torch.bfloat16)):
+            return None
+        if keys.stride()[2:] != (dim, 1) or values.stride()[2:] != (value_dim, 1) or not query.is_contiguous():
+            return None
+        if mask is not None and (mask.dtype != torch.float32 or mask.stride(-1) != 1):
+            return None
+        out = torch.empty(batch, kv_heads, groups, value_dim, dtype=query.dtype)
+        mask_batch = mask.stride(0) if mask is not None and mask.shape[0] > 1 else 0
+        half = query.dtype == torch.bfloat16
+        answer = self._attention(
+            query.data_ptr(), keys.data_ptr(), values.data_ptr(), 0 if mask is None else mask.data_ptr(),
+            out.data_ptr(), batch, kv_heads, groups, dim, value_dim, slots, keys.stride(0), keys.stride(1),
+            values.stride(0), values.stride(1), mask_batch, scale, half, torch.get_num_threads(),
+        )  # fmt: skip
+        if answer == _SHAPE_NOT_TAKEN:
+            return None
+        if answer:
+            raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
+        return out
+
+
+@functools.cache
+def load_native_kernels(directory: Path) -> NativeKernels | None:
+    """The kernels, built into `directory` if not there yet; None where they cannot be built or run here."""
+    if os.environ.get(defaults.NATIVE_KERNELS_ENV) == "0" or not _cpu_runs_them():
+        return None
+    try:
+        kernels = NativeKernels(_built(directory))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return kernels if _checks_out(kernels) else None
+
+
+def _cpu_runs_them() -> bool:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return CPU_FLAGS.issubset(flags)
+
+
+def _built(directory: Path) -> Path:
+    """The shared library of these sources and flags, compiled once: a finished build is renamed in whole."""
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode())
+    library = directory / f"streamchat-kernels-{digest.hexdigest()[:16]}.so"
+    if library.exists():
+        return library
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler")
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as building:
+        partial = Path(building) / library.name
+        command = [compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)]
+        subprocess.run(command, capture_output=True, check=True, timeout=BUILD_TIMEOUT_S)
+        os.replace(partial, library)
+    return library
+
+
+def _checks_out(kernels: NativeKernels) -> bool:
+    """Whether each kernel agrees with torch on small random inputs."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, 64, generator=generator)
+    # Every level 1, step 1, minimum 0: W is all ones, each output its row's sum.
+    nibbles = torch.full((2, 2, 256), 0x11, dtype=torch.uint8)
+    params = torch.stack([torch.ones(2, 2, TILE), torch.zeros(2, 2, TILE)], dim=2).half()
+    row_sums = rows.sum(dim=1, keepdim=True).expand(3, 32)
+    int4_agrees = _close(kernels.int4_rows(rows, nibbles, params), row_sums)
+    # Every weight 1, scale 1 again, in int8 tiles [out / 16, in / 4, 16, 4].
+    ones = torch.ones(2, 16, 16, 4, dtype=torch.int8)
+    int8_agrees = _close(
+        kernels.int8_rows(rows, ones, torch.ones(32), torch.full((32,), 64, dtype=torch.int32)), row_sums
+    )
+    query = torch.randn(2, 2, 3, 32, generator=generator)  # [batch, kv heads, groups, dim]
+    keys, values = (torch.randn(2, 2, 9, 32, generator=generator) for _ in "kv")
+    mask = torch.zeros(2, 1, 1, 9)
+    mask[1, ..., :4] = torch.finfo(torch.float32).min
+    expected = torch.softmax(query @ keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ values
+    attended = kernels.decode_attention(query, keys, values, mask, 0.5)
+    return int4_agrees and int8_agrees and attended is not None and _close(attended, expected)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool((got - expected).norm() / expected.norm() < CHECK_TOLERANCE)

@@ -1,0 +1,112 @@
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamchat.placement import attention
+from streamchat.placement.attention import decode_attention, decode_mask, use_native_kernels
+from streamchat.placement.native import NativeKernels, load_native_kernels
+
+HIDDEN = torch.finfo(torch.float32).min
+
+
+def fresh_load(directory: Path, monkeypatch: pytest.MonkeyPatch, **environment: str) -> NativeKernels | None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    load_native_kernels.cache_clear()
+    try:
+        return load_native_kernels(directory)
+    finally:
+        load_native_kernels.cache_clear()
+
+
+def test_they_are_built_once_and_reused(kernels, tmp_path, monkeypatch):
+    shutil.copy(kernels.library, tmp_path / kernels.library.name)
+    reused = fresh_load(tmp_path, monkeypatch, CC="false")  # a compiler that fails: nothing is compiled
+    assert reused is not None and reused.library == tmp_path / kernels.library.name
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{"STREAMCHAT_NATIVE_KERNELS": "0"}, {"CC": "false"}, {"CC": "/nowhere/cc"}],
+    ids=["turned off", "failing compiler", "no compiler"],
+)
+def test_where_they_cannot_be_built_there_are_none(tmp_path, monkeypatch, environment):
+    assert fresh_load(tmp_path, monkeypatch, **environment) is None
+    assert list(tmp_path.glob("*.so")) == []
+
+
+def reference(query, keys, values, mask, scale):
+    """float64 attention of query [B, KV, G, D]: softmax(q k^T * scale + mask) v."""
+    scores = query.double() @ keys.double().transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores + mask.double()
+    return torch.softmax(scores, dim=-1) @ values.double()
+
+
+def cache(batch, kv_heads, slots, dim, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    # A cache allocated wider than what is attended to: the kernel reads a view of it.
+    keys, values = (torch.randn(batch, kv_heads, slots + 7, dim, generator=generator).to(dtype) for _ in "kv")
+    return keys[:, :, :slots], values[:, :, :slots]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("batch", "kv_heads", "groups", "dim", "slots"),
+    [
+        (1, 3, 3, 64, 68),  # the default model's shape, a short cache
+        (1, 3, 3, 64, 2005),  # ... a full one: eight chunks, the last partial
+        (2, 1, 8, 128, 256),  # one chunk exactly; eight query heads a key head
+        (3, 2, 1, 80, 257),  # no grouping; a head size without its own specialisation
+        (1, 1, 2, 64, 1),
+    ],
+)
+def test_attention_matches_the_softmax_of_the_scores(kernels, dtype, batch, kv_heads, groups, dim, slots):
+    keys, values = cache(batch, kv_heads, slots, dim, dtype)
+    query = torch.randn(batch, kv_heads, groups, dim).to(dtype)
+    visible = torch.rand(batch, 1, 1, slots, generator=torch.Generator().manual_seed(1)) > 0.3
+    visible[..., 0] = True
+    mask = decode_mask(visible)
+    got = kernels.decode_attention(query, keys, values, mask, 0.125)
+    expected = reference(query, keys, values, mask, 0.125)
+    assert got.dtype == dtype and got.shape == expected.shape
+    # float32 throughout: only the output's rounding to the dtype is left.
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.double() - expected).norm() / expected.norm() < tolerance
+
+
+def test_a_mask_shared_by_the_rows_and_no_mask(kernels):
+    keys, values = cache(2, 2, 300, 64, torch.float32)
+    query = torch.randn(2, 2, 4, 64)
+    shared = torch.zeros(1, 1, 1, 300)
+    shared[..., 10:280] = HIDDEN  # whole chunks of slots hidden
+    for mask in (shared, None):
+        got = kernels.decode_attention(query, keys, values, mask, 0.3)
+        torch.testing.assert_close(got.double(), reference(query, keys, values, mask, 0.3), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("groups", "dim"), [(17, 64), (2, 72), (2, 272)])
+def test_shapes_it_does_not_take_are_left_to_torch(kernels, groups, dim):
+    keys, values = cache(1, 1, 20, dim, torch.float32)
+    assert kernels.decode_attention(torch.randn(1, 1, groups, dim), keys, values, None, 1.0) is None
+
+
+def test_decode_attention_goes_through_the_kernel_once_in_use(kernels, monkeypatch):
+    keys, values = cache(2, 3, 500, 64, torch.bfloat16)
+    query = torch.randn(2, 9, 1, 64).to(torch.bfloat16)  # [B, H, 1, D] as a model's layer gives it
+    visible = torch.ones(2, 1, 1, 500, dtype=torch.bool)
+    visible[1, ..., 3:40] = False
+    monkeypatch.setattr(attention, "_native", [])
+    products = decode_attention(query, keys, values, visible, 0.125)
+    use_native_kernels(kernels)
+    try:
+        native = decode_attention(query, keys, values, visible, 0.125)
+    finally:
+        use_native_kernels(None)
+    assert native.shape == products.shape == (2, 1, 9, 64)
+    assert not torch.equal(native, products)  # not the products' path: the scores are not rounded to bfloat16
+    packed = query.reshape(2, 3, 3, 64)
+    expected = reference(packed, keys, values, decode_mask(visible), 0.125).reshape(2, 1, 9, 64)
+    assert (native.double() - expected).norm() < (products.double() - expected).norm()
