@@ -46,18 +46,18 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 @pytest.fixture(autouse=True)
 def torch_attention_after_each_test():
-    """A model loaded in a test turns native attention on for its process (placement/attention.py): off after,
+    """A model loaded in a test turns native kernels on for its process (placement/native.py): off after,
     so that no test runs with what an earlier one loaded."""
     yield
-    attention = sys.modules.get("streamchat.placement.attention")
-    if attention is not None:
-        attention.use_native_kernels(None)
+    native = sys.modules.get("streamchat.placement.native")
+    if native is not None:
+        native.use_native_kernels(None)
 
 
 @pytest.fixture
 def default_model(loaded_default_model):
     """The real default model (SmolLM2-135M-Instruct), its native kernels in use as a load leaves them."""
-    from streamchat.placement.attention import use_native_kernels
+    from streamchat.placement.native import use_native_kernels
 
     use_native_kernels(loaded_default_model.native)
     return loaded_default_model

@@ -208,13 +208,13 @@ def _load_pretrained(
 
 def native_kernels(device: str, dtype: str, quantization: QuantizationPlan) -> NativeKernels | None:
     """streamchat's own CPU kernels, in use from now on where a model on a CPU has a use for them: its
-    attention in bfloat16, its int4 layers (placement/native.py). A float32 model builds nothing."""
-    from streamchat.placement.attention import use_native_kernels
-    from streamchat.placement.native import load_native_kernels
+    attention and norms in bfloat16, its int4 layers (placement/native.py). A float32 model builds nothing."""
+    from streamchat.placement.native import load_native_kernels, use_native_kernels
 
     wanted = device == "cpu" and (dtype == "bfloat16" or quantization.method == "int4")
     native = load_native_kernels(kernels_dir()) if wanted else None
-    use_native_kernels(native)
+    if native is not None:  # never off again: a float32 model loaded beside a bfloat16 one leaves it its kernels
+        use_native_kernels(native)
     return native
 
 

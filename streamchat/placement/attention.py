@@ -6,7 +6,7 @@ compiled step falls back to `repeat_kv`, which copies every key and value head
 group-size times before SDPA reads them. Here one decode query always runs packed: the
 group's query heads become rows of one query per key/value head, which reads the
 cache as it is stored: through SDPA on accelerators; on CPU through streamchat's own kernel
-where one is in use (use_native_kernels; kernels/decode_attention.c: a bfloat16 layer over
+where they are in use (native.use_native_kernels; kernels/decode_attention.c: a bfloat16 layer over
 a short cache 17 us against 107, over 2,004 slots 103 against 226), else through two matrix
 products and a float32 softmax, which run at about twice SDPA's speed for a few query rows
 (README, Benchmarks). Prompt chunks (more than one query) run exactly as transformers' sdpa
@@ -26,16 +26,9 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from streamchat.cache.masks import STREAMCHAT_ATTENTION
-from streamchat.placement.native import NativeKernels
+from streamchat.placement.native import native_in_use
 
 ATTENTION_NAME = STREAMCHAT_ATTENTION
-# The native kernels decode attention on CPU goes through, once use_native_kernels gave them.
-_native: list[NativeKernels] = []
-
-
-def use_native_kernels(kernels: NativeKernels | None) -> None:
-    """Decode attention on CPU through `kernels` from now on, in this process (None: torch's products)."""
-    _native[:] = [] if kernels is None else [kernels]
 
 
 def decode_attention(
@@ -96,9 +89,10 @@ def _native_attention(
     float32 stays exactly what transformers' attention computes. A compiled step keeps torch's
     products too: a graph cannot trace a foreign call, and it fuses them itself.
     """
-    if not _native or packed.dtype != torch.bfloat16 or torch.compiler.is_compiling():
+    native = native_in_use()
+    if native is None or packed.dtype != torch.bfloat16 or torch.compiler.is_compiling():
         return None
-    return _native[0].decode_attention(packed.contiguous(), keys, values, decode_mask(mask), scale)
+    return native.decode_attention(packed.contiguous(), keys, values, decode_mask(mask), scale)
 
 
 def _products_attention(

@@ -35,6 +35,7 @@ import torch
 
 from streamchat.placement.attention import decode_attention, decode_mask, streamchat_attention_forward
 from streamchat.placement.fusion import FusedProjection, fusable
+from streamchat.placement.native import native_in_use
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
 
@@ -195,7 +196,13 @@ class LeanForward:
         return query_key, value
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm's operations: in float32, then back to the model's dtype before the weight."""
+        """LlamaRMSNorm's operations: in float32, then back to the model's dtype before the weight (in one call
+        of the native kernel where it is in use: nine of torch's, 61 norms a step of the default model)."""
+        native = native_in_use()
+        if native is not None and hidden.device.type == "cpu" and not torch.compiler.is_compiling():
+            normed = native.rms_norm(hidden, weight, self.eps)
+            if normed is not None:
+                return normed
         wide = hidden.float()
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * wide.to(hidden.dtype)

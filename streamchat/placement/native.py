@@ -4,6 +4,8 @@
     kernels.int4_rows(rows, nibbles, params)      # int4 weights times activation rows (native_layers.py)
     kernels.int8_rows(rows, packed, scales, sums) # int8 weights: the output head's float32 logits
     kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
+    kernels.rms_norm(hidden, weight, eps)         # LlamaRMSNorm of bfloat16 rows (lean_forward.py)
+    use_native_kernels(kernels)                   # what attention and the lean forward call, in this process
 
 Where torch's CPU kernels leave most of a decode step's time on the table (aten's int4
 and int8 products reread the weights every 4 rows and widen each to float32; a bfloat16
@@ -47,6 +49,7 @@ _INT4_ROWS += (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
 _INT8_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
 _INT8_ROWS += (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
 _ATTENTION = (ctypes.c_void_p,) * 5 + (ctypes.c_int64,) * 11 + (ctypes.c_float, ctypes.c_int, ctypes.c_int)
+_RMS_NORM = (ctypes.c_void_p,) * 3 + (ctypes.c_int64, ctypes.c_int64, ctypes.c_float)
 _SHAPE_NOT_TAKEN = 1  # decode_attention's answer for shapes it does not take
 
 
@@ -57,9 +60,11 @@ class NativeKernels:
         self.library = library
         loaded = ctypes.CDLL(str(library))
         self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
+        self._rms_norm = loaded.rms_norm
         signatures = ((self._int4_rows, _INT4_ROWS), (self._int8_rows, _INT8_ROWS), (self._attention, _ATTENTION))
         for function, arguments in signatures:
             function.argtypes, function.restype = list(arguments), ctypes.c_int
+        self._rms_norm.argtypes, self._rms_norm.restype = list(_RMS_NORM), None
 
     def int4_rows(self, rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         """rows [n, in] (contiguous, float32 or bfloat16) @ W.T for tile-packed int4 W: [n, out], the rows' dtype."""
@@ -116,6 +121,29 @@ class NativeKernels:
         if answer:
             raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
         return out
+
+    def rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+        """LlamaRMSNorm of bfloat16 hidden [..., dim] with a bfloat16 weight [dim]; None for what it does not take."""
+        dim = hidden.shape[-1]
+        taken = hidden.dtype == weight.dtype == torch.bfloat16 and dim % 16 == 0 and weight.is_contiguous()
+        if not taken or not hidden.is_contiguous():
+            return None
+        out = torch.empty_like(hidden)
+        self._rms_norm(hidden.data_ptr(), weight.data_ptr(), out.data_ptr(), hidden.numel() // dim, dim, eps)
+        return out
+
+
+_IN_USE: list[NativeKernels] = []  # what use_native_kernels gave, if anything
+
+
+def use_native_kernels(kernels: NativeKernels | None) -> None:
+    """Decode attention and the lean forward's norms go through `kernels` from now on, in this process (None:
+    torch's operations). The loader turns them on for a bfloat16 or int4 model on a CPU that runs them."""
+    _IN_USE[:] = [] if kernels is None else [kernels]
+
+
+def native_in_use() -> NativeKernels | None:
+    return _IN_USE[0] if _IN_USE else None
 
 
 @functools.cache
@@ -179,7 +207,11 @@ def _checks_out(kernels: NativeKernels) -> bool:
     mask[1, ..., :4] = torch.finfo(torch.float32).min
     expected = torch.softmax(query @ keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ values
     attended = kernels.decode_attention(query, keys, values, mask, 0.5)
-    return int4_agrees and int8_agrees and attended is not None and _close(attended, expected)
+    attention_agrees = attended is not None and _close(attended, expected)
+    hidden, weight = rows.bfloat16(), torch.randn(64, generator=generator).bfloat16()
+    wide = hidden.float()
+    normed = weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    return int4_agrees and int8_agrees and attention_agrees and _close(kernels.rms_norm(hidden, weight, 1e-5), normed)
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -4,9 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamchat.placement import attention
-from streamchat.placement.attention import decode_attention, decode_mask, use_native_kernels
-from streamchat.placement.native import NativeKernels, load_native_kernels
+from streamchat.placement.attention import decode_attention, decode_mask
+from streamchat.placement.native import NativeKernels, load_native_kernels, use_native_kernels
 
 HIDDEN = torch.finfo(torch.float32).min
 
@@ -98,7 +97,7 @@ def test_decode_attention_goes_through_the_kernel_once_in_use(kernels, monkeypat
     query = torch.randn(2, 9, 1, 64).to(torch.bfloat16)  # [B, H, 1, D] as a model's layer gives it
     visible = torch.ones(2, 1, 1, 500, dtype=torch.bool)
     visible[1, ..., 3:40] = False
-    monkeypatch.setattr(attention, "_native", [])
+    use_native_kernels(None)
     products = decode_attention(query, keys, values, visible, 0.125)
     use_native_kernels(kernels)
     try:
@@ -110,3 +109,28 @@ def test_decode_attention_goes_through_the_kernel_once_in_use(kernels, monkeypat
     packed = query.reshape(2, 3, 3, 64)
     expected = reference(packed, keys, values, decode_mask(visible), 0.125).reshape(2, 1, 9, 64)
     assert (native.double() - expected).norm() < (products.double() - expected).norm()
+
+
+def llama_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, as written there."""
+    wide = hidden.float()
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * wide.to(hidden.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 576), (3, 5, 64), (2, 16)])
+def test_rms_norm_is_llamas(kernels, shape):
+    generator = torch.Generator().manual_seed(len(shape))
+    hidden = (torch.randn(shape, generator=generator) * 3).bfloat16()
+    weight = torch.randn(shape[-1], generator=generator).bfloat16()
+    got, expected = kernels.rms_norm(hidden, weight, 1e-5), llama_rms_norm(hidden, weight, 1e-5)
+    assert got.shape == expected.shape and got.dtype == torch.bfloat16
+    # The sum of squares is added in another order: at most a rounding apart, and rarely that.
+    differ = got != expected
+    assert differ.float().mean() < 0.01
+    assert torch.allclose(got[differ].float(), expected[differ].float(), rtol=2**-7, atol=0)
+
+
+def test_rms_norm_leaves_what_it_does_not_take_to_torch(kernels):
+    assert kernels.rms_norm(torch.randn(2, 64), torch.randn(64), 1e-5) is None  # float32
+    assert kernels.rms_norm(torch.randn(2, 72).bfloat16(), torch.randn(72).bfloat16(), 1e-5) is None
