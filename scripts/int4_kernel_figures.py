@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from streamchat.placement.int4_linear import Int4Linear
-from streamchat.placement.native_layers import TiledInt4Linear, load_int4_kernel
+from streamchat.placement.native import load_native_kernels
+from streamchat.placement.native_layers import TiledInt4Linear
 
 # The default model's shapes (in, out), q/k/v and gate/up fused as at load.
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
@@ -38,15 +39,15 @@ def main() -> None:
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     dtype = getattr(torch, arguments.dtype)
-    kernel = load_int4_kernel(Path(tempfile.mkdtemp(prefix="int4-kernel-")))
-    if kernel is None:
-        raise SystemExit("the native int4 kernel does not build or run on this machine")
+    kernels = load_native_kernels(Path(tempfile.mkdtemp(prefix="streamchat-kernels-")))
+    if kernels is None:
+        raise SystemExit("streamchat's native kernels do not build or run on this machine")
     print(f"{'shape':>8} {'rows':>4} {'aten us':>8} {'native us':>9} {'widened us':>10}", end="")
     print(f" {'aten err':>8} {'native err':>10}")
     for name, (in_features, out_features) in SHAPES.items():
         torch.manual_seed(0)
         original = torch.nn.Linear(in_features, out_features, bias=False).to(dtype)
-        aten, native = Int4Linear(original), TiledInt4Linear(original, kernel)
+        aten, native = Int4Linear(original), TiledInt4Linear(original, kernels)
         weight = aten.widened(dtype)
         exact = native.widened(torch.float32)
         for rows in ROWS:
