@@ -45,7 +45,7 @@ def isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 @pytest.fixture(autouse=True)
-def torch_attention_after_each_test():
+def torch_kernels_after_each_test():
     """A model loaded in a test turns native kernels on for its process (placement/native.py): off after,
     so that no test runs with what an earlier one loaded."""
     yield

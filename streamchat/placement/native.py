@@ -36,7 +36,9 @@ import torch
 from streamchat import defaults
 
 TILE = 16  # outputs a tile of int4 weights holds: one vector lane each (int4_rows.c)
-SOURCES = tuple(sorted((Path(__file__).parent / "kernels").glob("*.c")))
+KERNELS = Path(__file__).parent / "kernels"
+SOURCES = tuple(sorted(KERNELS.glob("*.c")))  # compiled together into one library
+HEADERS = tuple(sorted(KERNELS.glob("*.h")))  # what they share: part of what names a build
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 FLAGS += ("-mavx512vnni", "-mfma", "-mf16c")
 CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}  # as /proc/cpuinfo names them
@@ -171,7 +173,7 @@ def _cpu_runs_them() -> bool:
 
 def _built(directory: Path) -> Path:
     """The shared library of these sources and flags, compiled once: a finished build is renamed in whole."""
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS) + " ".join(FLAGS).encode())
     library = directory / f"streamchat-kernels-{digest.hexdigest()[:16]}.so"
     if library.exists():
         return library

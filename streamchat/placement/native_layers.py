@@ -122,7 +122,7 @@ class TiledInt4Linear(PackedLinear):
             out = torch.ops.streamchat.int4_rows(taken, self.nibbles, self.params, str(self.kernels.library))
         else:
             out = self.kernels.int4_rows(taken, self.nibbles, self.params)
-        return out.to(rows.dtype)
+        return out if taken is rows else out.to(rows.dtype)  # no call on the decode path
 
     def levels(self) -> torch.Tensor:
         """The quantized weights q [out, in] (uint8, 0..15)."""

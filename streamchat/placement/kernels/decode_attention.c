@@ -12,29 +12,15 @@
    4 ms of a 20 ms step with a short cache. Here one call reads each key and value once for all of a
    head's query rows, in float32 throughout (the scores are not rounded to bfloat16), split over
    threads by head and by CHUNK slots (flash-decoding: each chunk's softmax is merged after). */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "bfloat16.h"
 
 #define CHUNK 256
 #define MAX_GROUPS 16
 #define MAX_DIM 256
 #define HIDDEN -1e30f /* a score at or below this is a masked slot */
-
-static inline __m512 load_16(const void *x, int bf16, int64_t at) {
-    if (!bf16) return _mm512_loadu_ps((const float *)x + at);
-    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
 
 /* e^x for x <= 0 (scores minus their maximum), 0 below -87: Cephes' expf, 16 at a time. */
 static inline __m512 exp_16(__m512 x) {

@@ -15,29 +15,15 @@
    k / 32, 2, 16] the outputs' steps, then their minimums. Each tile's weights are read once for up to
    ROW_BLOCK rows (aten's int4 kernel rereads them every 4), and the tiles are split over OpenMP threads:
    linked to libgomp, the same runtime (and so the same thread pool) as torch's. */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "bfloat16.h"
 
 #define TILE 16
 #define GROUP 32
 #define GROUP_BYTES 256 /* a tile's group: 16 outputs x 32 inputs, two to a byte */
 #define ROW_BLOCK 8     /* rows one pass over a tile computes: 8 accumulators, 8 weight vectors, in registers */
 #define RESIDUAL_SCALE 254.0f /* what a1 rounded off, within +-0.5, times this fits an int8 */
-
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
-
-static inline __m512 load_16(const void *x, int x_bf16, int64_t at) {
-    if (!x_bf16) return _mm512_loadu_ps((const float *)x + at);
-    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
 
 static inline void store_levels(int8_t *at, __m512 scaled, __m512 residual_scale, int8_t *residuals) {
     __m512 rounded = _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

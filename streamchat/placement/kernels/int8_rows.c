@@ -8,20 +8,13 @@
    0..255) and 128 * sum_i W[o, i] comes off after. Weights are packed in tiles of 16 outputs, a vector
    holding 4 inputs of each: packed [n / 16, k / 4, 16, 4]; each tile is read once for up to ROW_BLOCK rows
    (aten's int8 kernel widens every weight to float32 and rereads them every 4 rows). */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "bfloat16.h"
 
 #define TILE 16
 #define ROW_BLOCK 8
 #define RESIDUAL_SCALE 254.0f
-
-static inline __m512 load_16(const void *x, int x_bf16, int64_t at) {
-    if (!x_bf16) return _mm512_loadu_ps((const float *)x + at);
-    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
 
 /* A row's two parts, shifted to unsigned bytes; returns the row's step. k a multiple of 16. */
 static float split_row(const void *x, int x_bf16, int64_t k, int64_t at, uint8_t *levels, uint8_t *residuals) {
