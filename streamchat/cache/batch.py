@@ -39,7 +39,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.layers import SinkLayer, SlidingLayer
+from streamchat.cache.layers import DecodeStorage, SinkLayer, SlidingLayer
 from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.cache.occupancy import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
 from streamchat.cache.record import UNREAD
@@ -187,6 +187,27 @@ class CacheBatch(Cache):
             placed = keys[:, :, : pristine.shape[2], : pristine.shape[3]]
             placed.copy_(torch.where(active.sink_rows, rotated, placed))
         return keys, values
+
+    def decode_storage(self) -> DecodeStorage | None:
+        """The open step's rows (padding included) as a kernel that writes every layer itself takes them; None
+        outside a step, or where a layer slides or layers rotate by more than one table."""
+        active = self._active
+        if active is None or len(active.rotations) != 1 or any(each is None for each in self._pristine):
+            return None
+        rows = active.rows
+        cos, sin = next(iter(active.rotations.values()))  # [rows, 1, 1, rotary_dim]
+        sinks = [member.sinks for member in self.members] + [0] * (rows - len(self.members))
+        return DecodeStorage(
+            active.write,
+            torch.tensor(sinks),
+            active.width,
+            [keys[:rows] for keys in self._keys],
+            [values[:rows] for values in self._values],
+            [pristine[:rows] for pristine in self._pristine],
+            [partners[:rows] for partners in self._partners],
+            cos.reshape(rows, -1),
+            sin.reshape(rows, -1),
+        )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         raise CacheStateError("each row of a batch has its own positions: they come with the step's inputs")

@@ -12,7 +12,7 @@ slot and rotation are device tensors (one token, fixed shapes: compilable).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 from transformers.cache_utils import CacheLayerMixin, get_layer_types_and_kwargs
@@ -57,6 +57,21 @@ def _rotary_module(model: Any) -> torch.nn.Module:
         if name.endswith("rotary_emb"):
             return module
     raise UnsupportedModelError(f"model type '{model.config.model_type}' has no rotary embedding module")
+
+
+class DecodeStorage(NamedTuple):
+    """An open decode step laid out for a kernel that carries it out itself (placement/lean_forward.py): the
+    rows of one SinkCache (one row) or of a pool (batch.py), each at its own slot and sink shift."""
+
+    slots: torch.Tensor  # int64 [rows]: where each row's key and value go
+    sinks: torch.Tensor  # int64 [rows]: how many sinks each row has
+    extent: int  # the slots attention reads, from the first
+    keys: list[torch.Tensor]  # per layer [rows, kv_heads, slots, head_dim]; values likewise
+    values: list[torch.Tensor]
+    pristine: list[torch.Tensor]  # per layer float32 [rows, kv_heads, sinks, rotary_dim]; partners likewise
+    partners: list[torch.Tensor]
+    sink_cos: torch.Tensor  # float32 [rows, rotary_dim]: each row's sink rotation (every layer has one table)
+    sink_sin: torch.Tensor
 
 
 class _RingLayer(CacheLayerMixin):

@@ -32,7 +32,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.layers import LayerSpec, SinkLayer, SlidingLayer, layer_specs
+from streamchat.cache.layers import DecodeStorage, LayerSpec, SinkLayer, SlidingLayer, layer_specs
 from streamchat.cache.ledger import (
     NO_LABEL,
     CacheStats,
@@ -222,6 +222,25 @@ class SinkCache(Cache):
         full = occupancy.held[: self._decode_extent(sliding=False)]
         position_ids = occupancy.slot(POSITION).reshape(1, 1)
         return StepInputs(position_ids, self._attention_masks(full, sliding))
+
+    def decode_storage(self) -> DecodeStorage | None:
+        """The open decode step's storage as one row, for a kernel that writes every layer itself; None outside
+        a decode step, or where a layer slides or layers rotate by more than one table."""
+        layers = self.layers
+        if self._step != DECODE or len(self._rotation) != 1 or not all(isinstance(each, SinkLayer) for each in layers):
+            return None
+        ((cos, sin),) = self._rotation.values()
+        return DecodeStorage(
+            self.occupancy.slot(WRITE),
+            torch.tensor([self.sinks]),
+            self._decode_extent(sliding=False),
+            [layer.keys for layer in layers],
+            [layer.values for layer in layers],
+            [layer.pristine_sinks for layer in layers],
+            [layer.sink_partners for layer in layers],
+            cos[None],
+            sin[None],
+        )
 
     def mark_static(self) -> None:
         """Give the storage fixed addresses for CUDA graphs, which a compiled decode step writes into."""

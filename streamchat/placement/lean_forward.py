@@ -24,6 +24,16 @@ segment (a batch's decode rows, one token each, or a prompt chunk of one convers
 go through the products together, as one [1, tokens, hidden] input that reads each weight
 once, and only attention runs per segment, through its own cache and mask (a chunk
 through the attention the model's own forward calls).
+
+The fused step (FusedDecode): even written out, a one-token step is about 1,400 torch
+operators for the default model (reshapes, slices, the rotary's products, the cache's
+index copies), each with its dispatch and Python around it: half of a 9 ms step on a
+2-core CPU. Where the native kernels run the layers anyway (int4 weights through
+TiledInt4Linear, bfloat16 activations, rows of a SinkCache or a pool whose layers all keep
+sinks), one call of kernels/decode_layers.c runs every layer of the step for every row,
+the cache's slot writes and sink rotations included, rounding as these operators round:
+its logits and caches equal this module's, bit for bit (tests/placement/test_fused_decode.py).
+Python keeps the embedding, the rotary angles, the final norm and the head.
 """
 
 from __future__ import annotations
@@ -33,11 +43,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from streamchat.cache.batch import CacheBatch
+from streamchat.cache.layers import DecodeStorage
+from streamchat.cache.sink_cache import SinkCache
 from streamchat.placement.attention import decode_attention, decode_mask, streamchat_attention_forward
 from streamchat.placement.fusion import FusedProjection, fusable
-from streamchat.placement.native import native_in_use
+from streamchat.placement.native import NativeKernels, native_in_use
+from streamchat.placement.native_layers import TiledInt4Linear
 
 LEAN_ACTIVATIONS = frozenset({"silu"})
+MAX_HEAD_DIM = 256  # what the attention kernel takes
+MAX_GROUPS = 16  # query heads per key/value head the attention kernel takes
 
 
 class _Layer(NamedTuple):
@@ -97,6 +113,10 @@ class LeanForward:
             )
             for index, layer in enumerate(inner.layers)
         ]
+        # Every layer of a one-token step in one native call, where the layers are native int4.
+        self.fused = FusedDecode.for_layers(
+            self.layers, self.q_heads, self.kv_heads, self.head_dim, self.eps, self.scaling
+        )
 
     def __call__(
         self,
@@ -110,6 +130,9 @@ class LeanForward:
         cos, sin = self.rotary(hidden, position_ids)  # [batch, 1, head_dim], the model's dtype
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [batch, 1, 1, head_dim]
         masks = _each_mask(attention_mask, decode_mask)  # converted once per step, not once per layer
+        fused = None if self.fused is None else self.fused(hidden, cos, sin, masks, cache)
+        if fused is not None:
+            return self._logits(self._norm(fused, self.final_norm))
         for layer in self.layers:
             mask = masks[layer.layer_type] if isinstance(masks, dict) else masks
             query_key, value = self._projections(layer, hidden)
@@ -235,3 +258,99 @@ def lean_forward_for(model: Any) -> LeanForward | None:
     ):
         return None
     return LeanForward(model)
+
+
+# ---- the fused step: every layer in one native call ------------------------------------------
+
+
+def _projection(linear: TiledInt4Linear) -> list[int]:
+    """A projection's fields in decode_layers.c's table: nibbles, params, bias (0: none)."""
+    bias = 0 if linear.bias is None else linear.bias.data_ptr()
+    return [linear.nibbles.data_ptr(), linear.params.data_ptr(), bias]
+
+
+class FusedDecode:
+    """hidden [rows, 1, hidden_size] after every layer of a one-token step, through the native kernel."""
+
+    def __init__(
+        self, layers: Sequence[Any], kernels: NativeKernels, dims: list[int], eps: float, scale: float
+    ) -> None:
+        self.layers = layers  # held: the table points into their tensors
+        self.kernels = kernels
+        self.weights = [
+            [
+                layer.input_norm.data_ptr(),
+                layer.post_norm.data_ptr(),
+                *_projection(layer.qkv.linear),
+                *_projection(layer.o_proj),
+                *_projection(layer.gate_up.linear),
+                *_projection(layer.down),
+            ]
+            for layer in layers
+        ]
+        self.dims = dims  # hidden_size, q_heads, kv_heads, head_dim, intermediate
+        self.eps, self.scale = eps, scale
+
+    @classmethod
+    def for_layers(
+        cls, layers: Sequence[Any], q_heads: int, kv_heads: int, head_dim: int, eps: float, scale: float
+    ) -> FusedDecode | None:
+        """The fused step over the lean forward's layers, or None where a layer is not one the kernel runs."""
+        projections = [(layer.qkv.linear, layer.o_proj, layer.gate_up.linear, layer.down) for layer in layers]
+        if not all(isinstance(each, TiledInt4Linear) for four in projections for each in four):
+            return None
+        if any(each.bias is not None and each.bias.dtype != torch.bfloat16 for four in projections for each in four):
+            return None
+        norms = [norm for layer in layers for norm in (layer.input_norm, layer.post_norm)]
+        if not all(norm.dtype == torch.bfloat16 and norm.is_contiguous() for norm in norms):
+            return None
+        if any(layer.layer_type != "full_attention" for layer in layers):
+            return None
+        if head_dim % 16 or head_dim > MAX_HEAD_DIM or q_heads % kv_heads or q_heads // kv_heads > MAX_GROUPS:
+            return None
+        hidden_size, intermediate = layers[0].input_norm.numel(), layers[0].gate_up.linear.out_features // 2
+        dims = [hidden_size, q_heads, kv_heads, head_dim, intermediate]
+        return cls(layers, projections[0][0].kernels, dims, eps, scale)
+
+    def __call__(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any, cache: Any
+    ) -> torch.Tensor | None:
+        """hidden [rows, 1, hidden_size] bfloat16 through every layer, the cache's step written; None (nothing
+        done) where the step is not one the kernel takes: cos, sin [rows, 1, 1, head_dim] (sin signed), the
+        decode mask as decode_mask made it."""
+        if native_in_use() is None or torch.compiler.is_compiling() or not isinstance(cache, (SinkCache, CacheBatch)):
+            return None
+        if hidden.dtype != torch.bfloat16 or hidden.device.type != "cpu":
+            return None
+        storage = cache.decode_storage()
+        rows = hidden.shape[0]
+        if storage is None or storage.slots.numel() != rows or not _takes_mask(mask, rows, storage.extent):
+            return None
+        keys, values, pristine = storage.keys[0], storage.values[0], storage.pristine[0]
+        strides = [keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)]
+        strides += [pristine.stride(0), pristine.stride(1)]
+        if not _alike(storage) or keys.dtype != torch.bfloat16:
+            return None
+        each_layer = zip(self.weights, storage.keys, storage.values, storage.pristine, storage.partners, strict=True)
+        table = torch.tensor([[*weights, *(tensor.data_ptr() for tensor in held)] for weights, *held in each_layer])
+        dims = torch.tensor([*self.dims, rows, *strides, pristine.shape[3], storage.extent])
+        out = hidden.clone(memory_format=torch.contiguous_format)
+        angles = [each.contiguous() for each in (cos, sin, storage.sink_cos, storage.sink_sin)]
+        slots, sinks = storage.slots.contiguous(), storage.sinks
+        self.kernels.decode_layers(table, dims, slots, sinks, out, *angles, mask, self.eps, self.scale)
+        return out
+
+
+def _alike(storage: DecodeStorage) -> bool:
+    """Whether every layer's storage has the first's strides (decode_layers.c takes one set)."""
+    first = [tensor.stride() for tensor in (storage.keys[0], storage.values[0], storage.pristine[0])]
+    layers = zip(storage.keys, storage.values, storage.pristine, storage.partners, strict=True)
+    return all([k.stride(), v.stride(), p.stride()] == first and q.stride() == p.stride() for k, v, p, q in layers)
+
+
+def _takes_mask(mask: Any, rows: int, extent: int) -> bool:
+    """A float32 mask over the step's slots, a row each, contiguous (decode_mask's), or none."""
+    if mask is None:
+        return True
+    taken = isinstance(mask, torch.Tensor) and mask.dtype == torch.float32 and mask.is_contiguous()
+    return taken and mask.numel() == rows * extent

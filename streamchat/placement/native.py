@@ -5,6 +5,7 @@
     kernels.int8_rows(rows, packed, scales, sums) # int8 weights: the output head's float32 logits
     kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
     kernels.rms_norm(hidden, weight, eps)         # LlamaRMSNorm of bfloat16 rows (lean_forward.py)
+    kernels.decode_layers(table, dims, ...)       # every layer of a one-token step (lean_forward.py)
     use_native_kernels(kernels)                   # what attention and the lean forward call, in this process
 
 Where torch's CPU kernels leave most of a decode step's time on the table (aten's int4
@@ -40,7 +41,7 @@ KERNELS = Path(__file__).parent / "kernels"
 SOURCES = tuple(sorted(KERNELS.glob("*.c")))  # compiled together into one library
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))  # what they share: part of what names a build
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
-FLAGS += ("-mavx512vnni", "-mfma", "-mf16c")
+FLAGS += ("-mavx512vnni", "-mfma", "-mf16c", "-ffp-contract=off")  # no fused multiply-add where torch rounds twice
 CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}  # as /proc/cpuinfo names them
 BUILD_TIMEOUT_S = 120
 # Far above what the kernels' rounding gives (about 0.2 %): a check that finds more is a broken build.
@@ -52,6 +53,8 @@ _INT8_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, cty
 _INT8_ROWS += (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
 _ATTENTION = (ctypes.c_void_p,) * 5 + (ctypes.c_int64,) * 11 + (ctypes.c_float, ctypes.c_int, ctypes.c_int)
 _RMS_NORM = (ctypes.c_void_p,) * 3 + (ctypes.c_int64, ctypes.c_int64, ctypes.c_float)
+_DECODE_LAYERS = (ctypes.c_void_p, ctypes.c_int64) + (ctypes.c_void_p,) * 9
+_DECODE_LAYERS += (ctypes.c_float, ctypes.c_float, ctypes.c_int)
 _SHAPE_NOT_TAKEN = 1  # decode_attention's answer for shapes it does not take
 
 
@@ -62,8 +65,9 @@ class NativeKernels:
         self.library = library
         loaded = ctypes.CDLL(str(library))
         self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
-        self._rms_norm = loaded.rms_norm
+        self._rms_norm, self._decode_layers = loaded.rms_norm, loaded.decode_layers
         signatures = ((self._int4_rows, _INT4_ROWS), (self._int8_rows, _INT8_ROWS), (self._attention, _ATTENTION))
+        signatures += ((self._decode_layers, _DECODE_LAYERS),)
         for function, arguments in signatures:
             function.argtypes, function.restype = list(arguments), ctypes.c_int
         self._rms_norm.argtypes, self._rms_norm.restype = list(_RMS_NORM), None
@@ -133,6 +137,34 @@ class NativeKernels:
         out = torch.empty_like(hidden)
         self._rms_norm(hidden.data_ptr(), weight.data_ptr(), out.data_ptr(), hidden.numel() // dim, dim, eps)
         return out
+
+    def decode_layers(
+        self,
+        table: torch.Tensor,
+        dims: torch.Tensor,
+        slots: torch.Tensor,
+        sinks: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        sink_cos: torch.Tensor,
+        sink_sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        eps: float,
+        scale: float,
+    ) -> None:
+        """Every layer of a one-token step for each row of hidden [rows, hidden_size] (bfloat16, contiguous),
+        overwritten with the last layer's output; the int64 table [layers, fields] and dims, and the rows'
+        slots, sinks and angles, as kernels/decode_layers.c lays them out."""
+        answer = self._decode_layers(
+            table.data_ptr(), table.shape[0], dims.data_ptr(), slots.data_ptr(), sinks.data_ptr(), hidden.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), sink_cos.data_ptr(), sink_sin.data_ptr(),
+            0 if mask is None else mask.data_ptr(), eps, scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if answer == _SHAPE_NOT_TAKEN:
+            raise ValueError(f"the decode layers kernel does not take these sizes: {dims.tolist()}")
+        if answer:
+            raise MemoryError("the decode layers kernel could not allocate scratch memory")
 
 
 _IN_USE: list[NativeKernels] = []  # what use_native_kernels gave, if anything

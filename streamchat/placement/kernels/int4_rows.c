@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "bfloat16.h"
+#include "kernels.h"
 
 #define TILE 16
 #define GROUP 32

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "bfloat16.h"
+#include "kernels.h"
 
 #define TILE 16
 #define ROW_BLOCK 8

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "bfloat16.h"
+#include "kernels.h"
 
 void rms_norm(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps) {
     for (int64_t r = 0; r < rows; r++) {

@@ -1,0 +1,183 @@
+/* Every decoder layer of a one-token decode step in one call, for llama-shaped models with int4 layers:
+   streamchat's own kernel.
+
+   Built and loaded by streamchat/placement/native.py; called by streamchat/placement/lean_forward.py.
+
+   Per layer, the lean step's operations (lean_forward.py) in its dtypes and roundings, so that logits
+   and caches equal its own bit for bit (tests/placement/test_fused_decode.py): RMSNorm -> qkv (int4_rows) -> rotary on q and k, each
+   product and their sum rounded to bfloat16 as torch rounds them -> k and v written into the cache's
+   slot, the sinks rotated from their pristine float32 copies (SinkLayer.place_sinks) -> attention over
+   the slots in use (decode_attention) -> o_proj, residual -> RMSNorm -> gate_up -> SiLU(gate) * up ->
+   down, residual. Python runs a few thousand small operators for the same work, about half a decode
+   step of the default model; here the step is the kernels and nothing around them.
+
+   Rows are conversations, each at its own position over its own cache: one SinkCache (one row) or the
+   rows of a pool (cache/batch.py), whose storage is one allocation per layer. table [layers, FIELDS]
+   holds each layer's addresses (norms, weights, the storage of row 0); dims the sizes and strides;
+   hidden [rows, hidden_size] is read and overwritten with the last layer's output; cos and sin
+   [rows, head_dim] are each row's rotary angles (sin with its first half negated); slots [rows] where
+   each row's token goes, sinks [rows] how many sinks each row has; sink_cos and sink_sin [rows,
+   rotary_dim] (float32) each row's sink rotation; mask [rows, extent] float32 terms added to the scores,
+   or none. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "bfloat16.h"
+#include "kernels.h"
+#include "vector_exp.h"
+
+/* A projection's three fields: tile-packed nibbles, params, and a bfloat16 bias or 0. */
+enum { NIBBLES, PARAMS, BIAS, PROJECTION_FIELDS };
+enum {
+    INPUT_NORM,
+    POST_NORM,
+    QKV,
+    O_PROJ = QKV + PROJECTION_FIELDS,
+    GATE_UP = O_PROJ + PROJECTION_FIELDS,
+    DOWN = GATE_UP + PROJECTION_FIELDS,
+    KEYS = DOWN + PROJECTION_FIELDS, /* bfloat16 [rows, kv_heads, slots, head_dim] at KEY_ROW, KEY_HEAD strides */
+    VALUES,
+    PRISTINE, /* float32 [rows, kv_heads, sinks, rotary_dim]: the sinks' keys unrotated, their rotate_half partners */
+    PARTNERS,
+    FIELDS
+};
+enum {
+    HIDDEN_SIZE,
+    Q_HEADS,
+    KV_HEADS,
+    HEAD_DIM,
+    INTERMEDIATE,
+    ROWS,
+    KEY_ROW,
+    KEY_HEAD,
+    VALUE_ROW,
+    VALUE_HEAD,
+    SINK_ROW,
+    SINK_HEAD,
+    ROTARY_DIM,
+    EXTENT
+};
+
+static inline float widen(uint16_t value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float wide;
+    memcpy(&wide, &bits, sizeof wide);
+    return wide;
+}
+
+/* out [rows, n] = x [rows, k] @ W.T (+ bias), bfloat16, as PackedLinear.forward rounds it: the product,
+   then the bias' sum. */
+static int project(const int64_t *fields, const uint16_t *x, int64_t rows, int64_t k, int64_t n, uint16_t *out,
+                   int threads) {
+    int failed = int4_rows(x, 1, rows, k, (const uint8_t *)fields[NIBBLES], (const uint16_t *)fields[PARAMS], n, out,
+                           1, threads);
+    const uint16_t *bias = (const uint16_t *)fields[BIAS];
+    if (bias)
+        for (int64_t i = 0; i < rows * n; i++) out[i] = float_to_bf16(widen(out[i]) + widen(bias[i % n]));
+    return failed;
+}
+
+/* head [head_dim] <- head * cos + roll(head, head_dim / 2) * signed sin, each step rounded to bfloat16. */
+static void rotate(uint16_t *head, int64_t dim, const uint16_t *cos, const uint16_t *sin) {
+    uint16_t rotated[512];
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < dim; i++) {
+        uint16_t turned = float_to_bf16(widen(head[i]) * widen(cos[i]));
+        uint16_t partner = float_to_bf16(widen(head[(i + half) % dim]) * widen(sin[i]));
+        rotated[i] = float_to_bf16(widen(turned) + widen(partner));
+    }
+    memcpy(head, rotated, dim * sizeof *head);
+}
+
+/* Each row's key and value into its slot, then each of its sinks' keys turned by its sink shift. */
+static void write_cache(const int64_t *layer, const int64_t *dims, const uint16_t *qkv, const int64_t *slots,
+                        const int64_t *sinks, const float *sink_cos, const float *sink_sin) {
+    uint16_t *key_store = (uint16_t *)layer[KEYS], *value_store = (uint16_t *)layer[VALUES];
+    const int64_t dim = dims[HEAD_DIM], rotary = dims[ROTARY_DIM], kv_heads = dims[KV_HEADS];
+    const int64_t q_size = dims[Q_HEADS] * dim, qkv_size = q_size + 2 * kv_heads * dim;
+    for (int64_t r = 0; r < dims[ROWS]; r++) {
+        const uint16_t *keys = qkv + r * qkv_size + q_size, *values = keys + kv_heads * dim;
+        const float *cos = sink_cos + r * rotary, *sin = sink_sin + r * rotary;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            uint16_t *row_keys = key_store + r * dims[KEY_ROW] + h * dims[KEY_HEAD];
+            uint16_t *row_values = value_store + r * dims[VALUE_ROW] + h * dims[VALUE_HEAD];
+            memcpy(row_keys + slots[r] * dim, keys + h * dim, dim * sizeof *keys);
+            memcpy(row_values + slots[r] * dim, values + h * dim, dim * sizeof *values);
+            int64_t at = r * dims[SINK_ROW] + h * dims[SINK_HEAD];
+            const float *pristine = (const float *)layer[PRISTINE] + at, *partners = (const float *)layer[PARTNERS] + at;
+            for (int64_t s = 0; s < sinks[r]; s++)
+                for (int64_t d = 0; d < rotary; d++) {
+                    /* torch.addcmul(pristine * cos, partners, sin): a product, then a fused multiply-add. */
+                    float turned = pristine[s * rotary + d] * cos[d];
+                    row_keys[s * dim + d] = float_to_bf16(fmaf(partners[s * rotary + d], sin[d], turned));
+                }
+        }
+    }
+}
+
+/* act [n] <- bf16(bf16(silu(gate)) * up), gate_up = [gate | up]; n a multiple of 16. */
+static void gated(const uint16_t *gate_up, int64_t n, uint16_t *act) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 x = load_16(gate_up, 1, i);
+        /* silu(x) = x / (1 + e^-x), as x * e^x / (1 + e^x) below 0: exp_16 only takes x <= 0. */
+        __m512 e = exp_16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+        __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 numerator = _mm512_mask_mul_ps(x, negative, x, e);
+        __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
+        __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(silu)), 16));
+        _mm256_storeu_si256((__m256i *)(act + i), narrow_16(_mm512_mul_ps(rounded, load_16(gate_up, 1, n + i))));
+    }
+}
+
+/* hidden <- bf16(hidden + delta). */
+static void add_residual(uint16_t *hidden, const uint16_t *delta, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i *)(hidden + i),
+                            narrow_16(_mm512_add_ps(load_16(hidden, 1, i), load_16(delta, 1, i))));
+}
+
+/* Returns 0; 1 for sizes it does not take (hidden or intermediate not a multiple of 16, head_dim over 512),
+   2 when scratch memory could not be had, 3 when a kernel it calls failed. */
+int decode_layers(const int64_t *table, int64_t layers, const int64_t *dims, const int64_t *slots,
+                  const int64_t *sinks, uint16_t *hidden, const uint16_t *cos, const uint16_t *sin,
+                  const float *sink_cos, const float *sink_sin, const float *mask, float eps, float scale,
+                  int threads) {
+    const int64_t size = dims[HIDDEN_SIZE], dim = dims[HEAD_DIM], q_heads = dims[Q_HEADS], rows = dims[ROWS];
+    const int64_t kv_heads = dims[KV_HEADS], inner = dims[INTERMEDIATE], q_size = q_heads * dim;
+    const int64_t qkv_size = (q_heads + 2 * kv_heads) * dim;
+    if (size % 16 || inner % 16 || dim > 512 || dim % 2 || kv_heads < 1 || q_heads % kv_heads) return 1;
+    uint16_t *normed = malloc(sizeof(uint16_t) * rows * (2 * size + qkv_size + q_size + 3 * inner));
+    uint16_t *query = malloc(sizeof(uint16_t) * rows * q_size);
+    if (!normed || !query) {
+        free(normed), free(query);
+        return 2;
+    }
+    uint16_t *delta = normed + rows * size, *qkv = delta + rows * size, *attended = qkv + rows * qkv_size;
+    uint16_t *gate_up = attended + rows * q_size, *act = gate_up + rows * 2 * inner;
+    int failed = 0;
+    for (int64_t l = 0; l < layers && !failed; l++) {
+        const int64_t *layer = table + l * FIELDS;
+        rms_norm(hidden, (const uint16_t *)layer[INPUT_NORM], normed, rows, size, eps);
+        failed |= project(layer + QKV, normed, rows, size, qkv_size, qkv, threads);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t h = 0; h < q_heads + kv_heads; h++)
+                rotate(qkv + r * qkv_size + h * dim, dim, cos + r * dim, sin + r * dim);
+            memcpy(query + r * q_size, qkv + r * qkv_size, q_size * sizeof *query); /* [rows, kv, groups, dim] */
+        }
+        write_cache(layer, dims, qkv, slots, sinks, sink_cos, sink_sin);
+        failed |= decode_attention(query, (const void *)layer[KEYS], (const void *)layer[VALUES], mask, attended,
+                                   rows, kv_heads, q_heads / kv_heads, dim, dim, dims[EXTENT], dims[KEY_ROW],
+                                   dims[KEY_HEAD], dims[VALUE_ROW], dims[VALUE_HEAD], mask ? dims[EXTENT] : 0, scale,
+                                   1, threads);
+        failed |= project(layer + O_PROJ, attended, rows, q_size, size, delta, threads);
+        add_residual(hidden, delta, rows * size);
+        rms_norm(hidden, (const uint16_t *)layer[POST_NORM], normed, rows, size, eps);
+        failed |= project(layer + GATE_UP, normed, rows, size, 2 * inner, gate_up, threads);
+        for (int64_t r = 0; r < rows; r++) gated(gate_up + r * 2 * inner, inner, act + r * inner);
+        failed |= project(layer + DOWN, act, rows, inner, size, delta, threads);
+        add_residual(hidden, delta, rows * size);
+    }
+    free(normed), free(query);
+    return failed ? 3 : 0;
+}
