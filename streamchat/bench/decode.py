@@ -6,7 +6,7 @@ Same model, prompt and greedy decoding for every row:
   cache, eager and with the decode step compiled, as `run` loads the model by default
   and as `--dtype float32 --quantize none` (the issue's CPU baseline);
 - transformers' own generate() with a StaticCache on the same model: what a transformers
-  user gets (decode time: N tokens minus 1 token, both timed); on CUDA generate()
+  user gets (decode time: from its first token to its last, as a streamer sees them); on CUDA generate()
   compiles the forward pass itself when the cache is static;
 - llama.cpp (llama-cpp-python, when installed) on the same GGUF file;
 - the memory-bandwidth limit: bytes read per token (weights, plus the KV cache at the
@@ -156,26 +156,37 @@ def compiled_decode(subject: Subject, sizes: DecodeSizes) -> float:
 
 
 def generate_decode(subject: Subject, sizes: DecodeSizes) -> float:
-    """Seconds per decode step of generate() with a StaticCache: (time for N tokens - time for 1) / (N - 1)."""
-    ids = subject.ids
+    """Seconds per decode step of generate() with a StaticCache: from its first generated token to its last, as a
+    streamer sees them come (subtracting a 1-token run's time instead left the prompt's read in the figure, noise
+    that made a 16-token reply of a 1.7B model negative)."""
+    from transformers.generation.streamers import BaseStreamer
 
-    def timed(new_tokens: int) -> float:
-        _synchronize(subject.device)
-        started = time.perf_counter()
-        with torch.inference_mode():
-            subject.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                cache_implementation="static",
-                pad_token_id=0,
-            )
-        _synchronize(subject.device)
-        return time.perf_counter() - started
+    class Arrivals(BaseStreamer):
+        """When generate() handed over the prompt, then each new token (read back to the host: synchronized)."""
 
-    return (timed(sizes.max_new_tokens) - timed(1)) / (sizes.max_new_tokens - 1)
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value: torch.Tensor) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    arrivals = Arrivals()
+    with torch.inference_mode():
+        subject.model.generate(
+            subject.ids,
+            attention_mask=torch.ones_like(subject.ids),
+            max_new_tokens=sizes.max_new_tokens,
+            min_new_tokens=sizes.max_new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+            pad_token_id=0,
+            streamer=arrivals,
+        )
+    first, last = arrivals.times[1], arrivals.times[-1]  # times[0]: the prompt
+    return (last - first) / (sizes.max_new_tokens - 1)
 
 
 def prompt_ids(tokenizer: Any, device: torch.device) -> torch.Tensor:

@@ -194,6 +194,7 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
     from streamchat.cache.architectures import ensure_supported
     from streamchat.loading.loader import attention_implementation, native_kernels
     from streamchat.placement.device import detect_accelerators, plan_placement
+    from streamchat.placement.fusion import fuse_projections
     from streamchat.placement.quantization import plan_quantization, quantize_model
 
     accelerators = detect_accelerators()
@@ -208,6 +209,7 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
             config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
         )
     model.eval()
+    fuse_projections(model)  # as load_model does: before quantizing, the fused layers quantized whole
     quantize_model(model, quantization, native_kernels(placement.device, placement.dtype, quantization))
     return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
 

@@ -86,3 +86,12 @@ def test_random_weights_come_seeded_on_the_device_asked():
 def test_architectures_the_sink_cache_cannot_serve_are_refused():
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         random_model("gpt2", "cpu", "float32")
+
+
+def test_random_weights_are_fused_as_a_load_fuses_them_so_the_lean_step_runs():
+    from streamchat.placement.fusion import FusedProjection
+    from streamchat.placement.lean_forward import lean_forward_for
+
+    model = random_model("tiny", "cpu", "float32").model
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, FusedProjection)
+    assert lean_forward_for(model) is not None
