@@ -14,6 +14,13 @@ static inline __m512 load_16(const void *x, int bf16, int64_t at) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
+static inline float bf16_to_float(uint16_t value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float wide;
+    memcpy(&wide, &bits, sizeof wide);
+    return wide;
+}
+
 static inline uint16_t float_to_bf16(float value) {
     uint32_t bits;
     memcpy(&bits, &value, sizeof bits);

@@ -109,13 +109,7 @@ int decode_attention(const void *query, const void *keys, const void *values, co
         return 2;
     }
     for (int64_t i = 0; i < heads * groups * dim; i++) {
-        float q;
-        if (bf16) {
-            uint32_t bits = (uint32_t)((const uint16_t *)query)[i] << 16;
-            memcpy(&q, &bits, sizeof q);
-        } else {
-            q = ((const float *)query)[i];
-        }
+        float q = bf16 ? bf16_to_float(((const uint16_t *)query)[i]) : ((const float *)query)[i];
         queries[i] = q * scale;
     }
 #pragma omp parallel for num_threads(threads) schedule(static)

@@ -4,12 +4,12 @@
    Built and loaded by streamchat/placement/native.py; called by streamchat/placement/lean_forward.py.
 
    Per layer, the lean step's operations (lean_forward.py) in its dtypes and roundings, so that logits
-   and caches equal its own bit for bit (tests/placement/test_fused_decode.py): RMSNorm -> qkv (int4_rows) -> rotary on q and k, each
-   product and their sum rounded to bfloat16 as torch rounds them -> k and v written into the cache's
-   slot, the sinks rotated from their pristine float32 copies (SinkLayer.place_sinks) -> attention over
-   the slots in use (decode_attention) -> o_proj, residual -> RMSNorm -> gate_up -> SiLU(gate) * up ->
-   down, residual. Python runs a few thousand small operators for the same work, about half a decode
-   step of the default model; here the step is the kernels and nothing around them.
+   and caches equal its own bit for bit (tests/placement/test_fused_decode.py): RMSNorm -> qkv
+   (int4_rows) -> rotary on q and k, each product and their sum rounded to bfloat16 as torch rounds
+   them -> k and v written into the cache's slot, the sinks rotated from their pristine float32 copies
+   (SinkLayer.place_sinks) -> attention over the slots in use (decode_attention) -> o_proj, residual ->
+   RMSNorm -> gate_up -> SiLU(gate) * up -> down, residual. Python runs about 1,400 small operators
+   for the same work, half a decode step of the default model; here the step is the kernels alone.
 
    Rows are conversations, each at its own position over its own cache: one SinkCache (one row) or the
    rows of a pool (cache/batch.py), whose storage is one allocation per layer. table [layers, FIELDS]
@@ -58,13 +58,6 @@ enum {
     EXTENT
 };
 
-static inline float widen(uint16_t value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float wide;
-    memcpy(&wide, &bits, sizeof wide);
-    return wide;
-}
-
 /* out [rows, n] = x [rows, k] @ W.T (+ bias), bfloat16, as PackedLinear.forward rounds it: the product,
    then the bias' sum. */
 static int project(const int64_t *fields, const uint16_t *x, int64_t rows, int64_t k, int64_t n, uint16_t *out,
@@ -73,7 +66,8 @@ static int project(const int64_t *fields, const uint16_t *x, int64_t rows, int64
                            1, threads);
     const uint16_t *bias = (const uint16_t *)fields[BIAS];
     if (bias)
-        for (int64_t i = 0; i < rows * n; i++) out[i] = float_to_bf16(widen(out[i]) + widen(bias[i % n]));
+        for (int64_t i = 0; i < rows * n; i++)
+            out[i] = float_to_bf16(bf16_to_float(out[i]) + bf16_to_float(bias[i % n]));
     return failed;
 }
 
@@ -82,9 +76,9 @@ static void rotate(uint16_t *head, int64_t dim, const uint16_t *cos, const uint1
     uint16_t rotated[512];
     int64_t half = dim / 2;
     for (int64_t i = 0; i < dim; i++) {
-        uint16_t turned = float_to_bf16(widen(head[i]) * widen(cos[i]));
-        uint16_t partner = float_to_bf16(widen(head[(i + half) % dim]) * widen(sin[i]));
-        rotated[i] = float_to_bf16(widen(turned) + widen(partner));
+        uint16_t turned = float_to_bf16(bf16_to_float(head[i]) * bf16_to_float(cos[i]));
+        uint16_t partner = float_to_bf16(bf16_to_float(head[(i + half) % dim]) * bf16_to_float(sin[i]));
+        rotated[i] = float_to_bf16(bf16_to_float(turned) + bf16_to_float(partner));
     }
     memcpy(head, rotated, dim * sizeof *head);
 }
@@ -104,7 +98,8 @@ static void write_cache(const int64_t *layer, const int64_t *dims, const uint16_
             memcpy(row_keys + slots[r] * dim, keys + h * dim, dim * sizeof *keys);
             memcpy(row_values + slots[r] * dim, values + h * dim, dim * sizeof *values);
             int64_t at = r * dims[SINK_ROW] + h * dims[SINK_HEAD];
-            const float *pristine = (const float *)layer[PRISTINE] + at, *partners = (const float *)layer[PARTNERS] + at;
+            const float *pristine = (const float *)layer[PRISTINE] + at;
+            const float *partners = (const float *)layer[PARTNERS] + at;
             for (int64_t s = 0; s < sinks[r]; s++)
                 for (int64_t d = 0; d < rotary; d++) {
                     /* torch.addcmul(pristine * cos, partners, sin): a product, then a fused multiply-add. */
