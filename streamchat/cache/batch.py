@@ -286,13 +286,7 @@ class CacheBatch(Cache):
             # for_attention makes [1, 1, rows, width] -> one query per row: [rows, 1, 1, width]
             return masks.for_attention(held, first.boolean_masks, first.mask_dtype).reshape(held.shape[0], 1, 1, -1)
 
-        made = {False: shaped(full)}
-        if sliding is not None:
-            made[True] = shaped(sliding)
-        kinds = set(first.layer_types.values())
-        if len(kinds) == 1:
-            return made[kinds.pop()]
-        return {name: made[own] for name, own in first.layer_types.items()}
+        return masks.per_layer_type(shaped(full), None if sliding is None else shaped(sliding), first.layer_types)
 
     def _sink_columns(self) -> int:
         """As many sink columns as the pool's sink layers have (the widest member's that made it)."""

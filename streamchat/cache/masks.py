@@ -46,3 +46,15 @@ def for_attention(mask: torch.Tensor, boolean: bool, dtype: torch.dtype) -> torc
         return mask
     attend = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, attend, torch.finfo(dtype).min)
+
+
+def per_layer_type(
+    full: torch.Tensor, sliding: torch.Tensor | None, layer_types: dict[str, bool]
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """One mask when every layer is of one kind, else one per layer type (the models with both take a dict);
+    `layer_types` says of each type whether it keeps the model's own window (and takes `sliding`)."""
+    made = {False: full, True: sliding}
+    kinds = set(layer_types.values())
+    if len(kinds) == 1:
+        return made[kinds.pop()]
+    return {name: made[own] for name, own in layer_types.items()}

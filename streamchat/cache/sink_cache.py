@@ -403,13 +403,9 @@ class SinkCache(Cache):
         if full.dim() == 1:
             full = full[None]
             sliding = sliding[None] if sliding is not None else None
-        made = {False: masks.for_attention(full, self.boolean_masks, self.mask_dtype)}
-        if sliding is not None:
-            made[True] = masks.for_attention(sliding, self.boolean_masks, self.mask_dtype)
-        kinds = set(self.layer_types.values())
-        if len(kinds) == 1:
-            return made[kinds.pop()]
-        return {name: made[own] for name, own in self.layer_types.items()}
+        full = masks.for_attention(full, self.boolean_masks, self.mask_dtype)
+        sliding = None if sliding is None else masks.for_attention(sliding, self.boolean_masks, self.mask_dtype)
+        return masks.per_layer_type(full, sliding, self.layer_types)
 
     @staticmethod
     def _own_window(spec: LayerSpec, window: int) -> bool:
