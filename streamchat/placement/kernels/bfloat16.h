@@ -7,11 +7,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* 16 bfloat16 values as float32 (exactly). */
+static inline __m512 widen_16(__m256i half) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
 /* 16 values from x[at], bfloat16 if bf16, else float32, as float32. */
 static inline __m512 load_16(const void *x, int bf16, int64_t at) {
     if (!bf16) return _mm512_loadu_ps((const float *)x + at);
-    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    return widen_16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)x + at)));
 }
 
 static inline float bf16_to_float(uint16_t value) {

@@ -120,7 +120,7 @@ static void gated(const uint16_t *gate_up, int64_t n, uint16_t *act) {
         __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
         __m512 numerator = _mm512_mask_mul_ps(x, negative, x, e);
         __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
-        __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(silu)), 16));
+        __m512 rounded = widen_16(narrow_16(silu));
         _mm256_storeu_si256((__m256i *)(act + i), narrow_16(_mm512_mul_ps(rounded, load_16(gate_up, 1, n + i))));
     }
 }
@@ -142,14 +142,10 @@ int decode_layers(const int64_t *table, int64_t layers, const int64_t *dims, con
     const int64_t kv_heads = dims[KV_HEADS], inner = dims[INTERMEDIATE], q_size = q_heads * dim;
     const int64_t qkv_size = (q_heads + 2 * kv_heads) * dim;
     if (size % 16 || inner % 16 || dim > 512 || dim % 2 || kv_heads < 1 || q_heads % kv_heads) return 1;
-    uint16_t *normed = malloc(sizeof(uint16_t) * rows * (2 * size + qkv_size + q_size + 3 * inner));
-    uint16_t *query = malloc(sizeof(uint16_t) * rows * q_size);
-    if (!normed || !query) {
-        free(normed), free(query);
-        return 2;
-    }
-    uint16_t *delta = normed + rows * size, *qkv = delta + rows * size, *attended = qkv + rows * qkv_size;
-    uint16_t *gate_up = attended + rows * q_size, *act = gate_up + rows * 2 * inner;
+    uint16_t *normed = malloc(sizeof(uint16_t) * rows * (2 * size + qkv_size + 2 * q_size + 3 * inner));
+    if (!normed) return 2;
+    uint16_t *delta = normed + rows * size, *qkv = delta + rows * size, *query = qkv + rows * qkv_size;
+    uint16_t *attended = query + rows * q_size, *gate_up = attended + rows * q_size, *act = gate_up + rows * 2 * inner;
     int failed = 0;
     for (int64_t l = 0; l < layers && !failed; l++) {
         const int64_t *layer = table + l * FIELDS;
@@ -173,6 +169,6 @@ int decode_layers(const int64_t *table, int64_t layers, const int64_t *dims, con
         failed |= project(layer + DOWN, act, rows, inner, size, delta, threads);
         add_residual(hidden, delta, rows * size);
     }
-    free(normed), free(query);
+    free(normed);
     return failed ? 3 : 0;
 }

@@ -21,9 +21,9 @@ void rms_norm(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t 
         }
         __m512 inverse = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)dim + eps));
         for (int64_t i = 0; i < dim; i += 16) {
-            __m256i rounded = narrow_16(_mm512_mul_ps(load_16(row, 1, i), inverse));
-            __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
-            _mm256_storeu_si256((__m256i *)(out + r * dim + i), narrow_16(_mm512_mul_ps(load_16(weight, 1, i), back)));
+            __m512 rounded = widen_16(narrow_16(_mm512_mul_ps(load_16(row, 1, i), inverse)));
+            __m512 weighted = _mm512_mul_ps(load_16(weight, 1, i), rounded);
+            _mm256_storeu_si256((__m256i *)(out + r * dim + i), narrow_16(weighted));
         }
     }
 }
