@@ -6,7 +6,7 @@ window, far past the point where the system turn leaves it. After the first turn
 after every later one, the question "What is the secret word?" and the answer "The
 secret word is pineapple." are teacher-forced: the answer's mean log-probability per
 token says how well the model still knows what its system prompt told it. Each probe
-is taken back before the conversation goes on (a ReplySnapshot, as /regen does).
+is taken back before the conversation goes on (a CacheSnapshot, as /regen does).
 
 Two caches read the conversation: --keep system, whose sinks are the whole system
 turn, and --keep 4, the paper's four first tokens. Both read the very same tokens:
@@ -29,7 +29,7 @@ from streamchat import defaults
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import chunk_sizes
 from streamchat.cache.ledger import SMALLEST_WINDOW
-from streamchat.cache.snapshots import ReplySnapshot, release_snapshots
+from streamchat.cache.snapshots import CacheSnapshot, release_snapshots
 from streamchat.conversation.kept_prefix import Keep, kept_tokens
 from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession, SessionOptions
@@ -135,7 +135,7 @@ def _probe(model: Any, cache: SinkCache, question: list[int], answer: list[int],
     ids = question + answer
     if len(ids) > cache.window:
         raise ConfigError(f"--window {cache.window}: the probe needs {len(ids)} tokens in one pass; raise --window")
-    snapshot = ReplySnapshot.take(cache, len(ids))
+    snapshot = CacheSnapshot.take(cache, reach=len(ids))
     logits = forward(model, cache, torch.tensor([ids], device=device), all_logits=True).logits[0]  # [len(ids), vocab]
     # The logits at position i predict token i + 1: those from the question's last token on predict the answer.
     predicting = logits[len(question) - 1 : len(ids) - 1].double().log_softmax(dim=-1)

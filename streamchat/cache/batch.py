@@ -16,11 +16,11 @@ the batched attention reads the pool as it is, and each row's write lands in its
 Every member stays a SinkCache of its own: its ledgers plan its step (its sinks, window,
 positions, sink shift, evictions), its occupancy marks its slots and its record (record.py)
 takes its token and label, exactly as a one-row decode step does; only the device work of
-the step is shared. Whatever reads or writes a
-member's storage in place (checkpoints, reply snapshots, cache_state) is unchanged while
-it is a member. Leaving copies its row out, so a cache outside a batch owns its tensors
-and is saved and restored as always. Members sit in rows 0..n-1: one leaving gives its row
-to the last member (one row copied), so a step's rows are always the pool's first ones.
+the step is shared. Whatever reads or writes a member's storage in place (its snapshots)
+is unchanged while it is a member. Leaving copies its row out, so a cache outside a batch
+owns its tensors and is saved and restored as always. Members sit in rows 0..n-1: one
+leaving gives its row to the last member (one row copied), so a step's rows are always the
+pool's first ones.
 
 Members may differ in sinks (each conversation's kept prefix): the pool's rows are as wide
 as the widest member, a narrower member views the first columns of its row, and the

@@ -164,8 +164,9 @@ class SinkCache(Cache):
         return self.record.held(self.ledger)
 
     def restore_held(self, held: HeldTokens) -> None:
-        """After load_cache_state (snapshots.py): the held slots' tokens and labels, and what was forgotten, as
-        held_tokens() gave them when the state was saved. CacheStateError when they do not fit the ledger."""
+        """After a saved snapshot was restored (snapshots.py): the held slots' tokens and labels, and what was
+        forgotten, as held_tokens() gave them when the state was saved. CacheStateError when they do not fit
+        the ledger."""
         self.record.put_held(self.ledger, held)
 
     def learn_token(self, token_id: int) -> None:

@@ -1,19 +1,23 @@
-"""Taking a sink cache back to an earlier state: one step, one reply, or the whole state on disk.
+"""A sink cache as it was at one moment: one snapshot type, to go back to it or to save it.
 
-- `Checkpoint`: the bookkeeping only. A decode step writes a free slot and evicts by
-  bookkeeping alone (ledger.py), so restoring the ledgers takes such steps back exactly,
-  the record of each slot's token (record.py) included; a rebase, which rotates every
-  stored key, runs before a checkpoint when it is due.
-- `ReplySnapshot`: what a reply can change, saved before it: the slots it may write
-  (as many as it can feed tokens, not the whole cache), the sinks and the record of
-  every slot's token. /regen restores it.
-  A rebase rotates every slot, so one that is due runs before the snapshot and the next
-  ones wait until it is released, unless the snapshot had to save every slot anyway.
-- `cache_state` / `load_cache_state`: everything the cache holds, as named tensors (for
-  safetensors), to resume a conversation exactly. Only slots written at least once are
-  saved: the others are zeros in a new cache, as they were in this one when it was new,
-  and attention never sees them (masks come from the ledgers), so a short conversation
-  saves a short state.
+    CacheSnapshot.take(cache)             the bookkeeping: takes back decode steps (a guessed token)
+    CacheSnapshot.take(cache, reach=n)    and the slots n tokens can write: takes back a reply (/regen)
+    CacheSnapshot.whole(cache)            every slot written: parks a conversation
+    snapshot.restore(cache)               back to it; the snapshot stays valid for another restore
+    snapshot.tensors()                    a whole one as named CPU tensors, for safetensors
+    CacheSnapshot.from_tensors(t, cache)  read back, checked against the cache before it writes anything
+
+A decode step writes a free slot and evicts by bookkeeping alone (ledger.py), so restoring
+the ledgers takes such steps back exactly, the record of each slot's token (record.py)
+included. A longer run of tokens can overwrite held slots: the snapshot saves as many slots
+as the run can write (not the whole cache), the sinks and the record.
+
+A rebase rotates every stored key, which no ledger can take back: one that is due runs
+before a snapshot, and, while a snapshot of some slots may be restored, the next ones wait
+(release_snapshots() lets them run again). A whole snapshot saves only the slots written at
+least once: the others are zeros in a new cache, as they were in this one when it was new,
+and attention never sees them (masks come from the ledgers), so a short conversation saves
+a short state.
 """
 
 from __future__ import annotations
@@ -31,120 +35,167 @@ from streamchat.errors import CacheStateError
 
 STATE_VERSION = 1
 
+KeysValues = tuple[torch.Tensor, torch.Tensor]  # [batch, heads, saved slots, dim] each
+
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """The bookkeeping between two steps."""
+class SavedSlots:
+    """The contents of some slots: each layer's keys and values there, the sinks, and which token each slot holds."""
+
+    index: torch.Tensor  # [n] the sink layers' slots saved
+    sliding_index: torch.Tensor | None  # [m] the sliding layers'
+    layers: list[KeysValues | None]  # per layer; None where the layer had never been written
+    pristine: list[torch.Tensor | None]  # per sink layer: its sinks before rotation (their partners follow)
+    token_ids: torch.Tensor  # [slots] the occupancy's token per slot (the repetition penalty reads it)
+    record: SlotRecord
+    every: bool  # every slot written: on restore, slots past them are zeros, as in a new cache
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """The ledgers between two steps, and the contents of the slots that what follows may write."""
 
     ledger: StreamLedger
     sliding: SlidingLedger | None
+    slots: SavedSlots | None = None
 
     @classmethod
     @torch.inference_mode()
-    def take(cls, cache: SinkCache) -> Checkpoint:
-        # A rebase rotates every stored key, which no ledger can take back: one that is due runs first.
+    def take(cls, cache: SinkCache, reach: int = 0) -> CacheSnapshot:
+        """The cache before steps that feed at most `reach` tokens (0: decode steps, taken back one at a time)."""
         if cache.ledger.rebase_due:
             cache.rebase()
-        return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None)
+        if reach == 0:
+            return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None)
+        ring, sinks = cache.ledger.ring, cache.sinks
+        saves_all = reach >= ring.slots
+        runs = ring.runs(0, ring.slots) if saves_all else ring.runs(ring.next_slot, reach)
+        index = slot_index([(0, sinks), *((sinks + start, sinks + stop) for start, stop in runs)], cache.device)
+        sliding_index = None
+        if cache.sliding is not None:
+            sliding_ring = cache.sliding.ring
+            saves_all = saves_all and reach >= sliding_ring.slots
+            sliding_runs = sliding_ring.runs(sliding_ring.next_slot, min(reach, sliding_ring.slots))
+            sliding_index = slot_index(sliding_runs, cache.device)
+        cache.ledger.rebase_held = not saves_all  # a rebase would rotate slots this snapshot did not save
+        return cls._with_slots(cache, index, sliding_index, every=False)
 
+    @classmethod
+    @torch.inference_mode()
+    def whole(cls, cache: SinkCache) -> CacheSnapshot:
+        """Everything the cache holds: every slot written at least once."""
+        index = torch.arange(cache.sinks + cache.ledger.ring.extent, device=cache.device)
+        sliding_index = None if cache.sliding is None else torch.arange(cache.sliding.ring.extent, device=cache.device)
+        return cls._with_slots(cache, index, sliding_index, every=True)
+
+    @classmethod
+    def _with_slots(
+        cls, cache: SinkCache, index: torch.Tensor, sliding_index: torch.Tensor | None, every: bool
+    ) -> CacheSnapshot:
+        layers, pristine = [], []
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                layers.append(None)
+                pristine.append(None)
+                continue
+            layers.append(layer.read_slots(sliding_index if isinstance(layer, SlidingLayer) else index))
+            pristine.append(layer.pristine_sinks.clone() if isinstance(layer, SinkLayer) else None)
+        token_ids = cache.occupancy.token_ids.clone()
+        slots = SavedSlots(index, sliding_index, layers, pristine, token_ids, cache.record.copy(), every)
+        return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None, slots)
+
+    @torch.inference_mode()
     def restore(self, cache: SinkCache) -> None:
-        """Take back the steps since: exact as long as none of them overwrote a held slot."""
+        """Return `cache` to the moment taken: exact, as nothing since overwrote a slot the snapshot did not save."""
+        if self.slots is not None:
+            _write_slots(cache, self.slots)
         cache.ledger = self.ledger.copy()
         cache.sliding = self.sliding.copy() if self.sliding else None
         cache.settle()
 
-
-@dataclass(frozen=True)
-class ReplySnapshot:
-    """The slots a reply of up to `budget` tokens can write, and the sinks, saved before it."""
-
-    checkpoint: Checkpoint
-    slots: torch.Tensor  # sink-layer slots saved
-    sliding_slots: torch.Tensor | None
-    saved: list[tuple[torch.Tensor, torch.Tensor] | None]  # per layer: keys, values of those slots
-    pristine: list[tuple[torch.Tensor, torch.Tensor] | None]  # per sink layer: its pristine sinks
-    token_ids: torch.Tensor
-    record: SlotRecord
-
-    @classmethod
-    @torch.inference_mode()
-    def take(cls, cache: SinkCache, budget: int) -> ReplySnapshot:
-        if cache.ledger.rebase_due:
-            cache.rebase()
-        ring, sinks = cache.ledger.ring, cache.sinks
-        every_slot = budget >= ring.slots
-        runs = ring.runs(0, ring.slots) if every_slot else ring.runs(ring.next_slot, budget)
-        slots = slot_index([(0, sinks), *((sinks + start, sinks + stop) for start, stop in runs)], cache.device)
-        sliding_slots = None
-        if cache.sliding is not None:
-            sliding_ring = cache.sliding.ring
-            every_slot = every_slot and budget >= sliding_ring.slots
-            count = min(budget, sliding_ring.slots)
-            sliding_slots = slot_index(sliding_ring.runs(sliding_ring.next_slot, count), cache.device)
-        saved, pristine = [], []
-        for layer in cache.layers:
-            initialized = layer.is_initialized
-            index = sliding_slots if isinstance(layer, SlidingLayer) else slots
-            saved.append(layer.read_slots(index) if initialized else None)
-            is_sink = isinstance(layer, SinkLayer) and initialized
-            pristine.append((layer.pristine_sinks.clone(), layer.sink_partners.clone()) if is_sink else None)
-        cache.ledger.rebase_held = not every_slot
-        token_ids = cache.occupancy.token_ids.clone()
-        return cls(Checkpoint.take(cache), slots, sliding_slots, saved, pristine, token_ids, cache.record.copy())
-
-    @torch.inference_mode()
-    def restore(self, cache: SinkCache) -> None:
-        """Return to the state taken; the snapshot stays valid for another restore."""
-        for layer, saved, pristine in zip(cache.layers, self.saved, self.pristine, strict=True):
-            if saved is not None:
-                layer.write_back(self.sliding_slots if isinstance(layer, SlidingLayer) else self.slots, saved)
-            if pristine is not None:
-                layer.pristine_sinks.copy_(pristine[0])
-                layer.sink_partners.copy_(pristine[1])
-        cache.occupancy.token_ids.copy_(self.token_ids)
-        cache.record = self.record.copy()
-        self.checkpoint.restore(cache)
-
     @property
     def nbytes(self) -> int:
-        pairs = [pair for pair in self.saved + self.pristine if pair is not None]
-        return sum(tensor.numel() * tensor.element_size() for pair in pairs for tensor in pair)
+        """The bytes of slot contents the snapshot keeps."""
+        if self.slots is None:
+            return 0
+        tensors = [t for pair in self.slots.layers if pair is not None for t in pair]
+        tensors += [t for t in self.slots.pristine if t is not None]
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """A whole snapshot as named CPU tensors; from_tensors() on a cache of the same shape reads it back."""
+        if self.slots is None or not self.slots.every:
+            raise CacheStateError("only a whole snapshot of a cache can be saved (CacheSnapshot.whole)")
+        ledger, ring = self.ledger, self.ledger.ring
+        numbers = [STATE_VERSION, ledger.sinks, ledger.window, ledger.sinks_held, ledger.seen, ledger.evicted]
+        numbers += [ledger.position_offset, ring.head, ring.length, ring.extent]
+        if self.sliding is not None:
+            sliding = self.sliding.ring
+            numbers += [self.sliding.sliding_window, sliding.head, sliding.length, sliding.extent]
+        state = {"ledger": torch.tensor(numbers), "token_ids": self.slots.token_ids.cpu()}
+        for index, (pair, pristine) in enumerate(zip(self.slots.layers, self.slots.pristine, strict=True)):
+            if pair is None:
+                continue
+            state[f"layers.{index}.keys"], state[f"layers.{index}.values"] = (t.contiguous().cpu() for t in pair)
+            if pristine is not None:
+                state[f"layers.{index}.pristine_sinks"] = pristine.cpu()
+        return state
+
+    @classmethod
+    def from_tensors(cls, state: dict[str, torch.Tensor], cache: SinkCache) -> CacheSnapshot:
+        """What tensors() saved, for `cache`; CacheStateError when it was saved from a cache of another shape.
+
+        The record takes the slots' token ids; their labels, and what was skipped, are the
+        caller's to put back after restore() (SinkCache.restore_held), as a conversation saves them beside.
+        """
+        ledger, sliding = _ledgers(state["ledger"].tolist(), cache)
+        index = torch.arange(cache.sinks + ledger.ring.extent, device=cache.device)
+        sliding_index = None if sliding is None else torch.arange(sliding.ring.extent, device=cache.device)
+        layers, pristine = [], []
+        for number, layer in enumerate(cache.layers):
+            keys = state.get(f"layers.{number}.keys")
+            if keys is None:
+                layers.append(None)
+                pristine.append(None)
+                continue
+            written = len(sliding_index if isinstance(layer, SlidingLayer) else index)
+            values = _checked_values(number, layer, keys, state[f"layers.{number}.values"], written)
+            layers.append((keys.to(cache.device), values.to(cache.device)))
+            sinks = _checked_pristine(number, layer, state, keys) if isinstance(layer, SinkLayer) else None
+            pristine.append(None if sinks is None else sinks.to(cache.device))
+        token_ids = state["token_ids"]
+        if token_ids.shape != cache.occupancy.token_ids.shape:
+            raise CacheStateError(f"the saved cache has {token_ids.shape[0]} slots, not {cache.ledger.slots}")
+        record = SlotRecord(token_ids.tolist(), [NO_LABEL] * cache.ledger.slots)
+        slots = SavedSlots(index, sliding_index, layers, pristine, token_ids.to(cache.device), record, every=True)
+        return cls(ledger, sliding, slots)
 
 
 def release_snapshots(cache: SinkCache) -> None:
-    """No reply snapshot will be restored any more: rebases may run again."""
+    """No snapshot of some slots will be restored any more: rebases may run again."""
     cache.ledger.rebase_held = False
 
 
-def cache_state(cache: SinkCache) -> dict[str, torch.Tensor]:
-    """Everything the cache holds, as named CPU tensors; load_cache_state() on a cache of the same shape restores it."""
-    ledger, ring = cache.ledger, cache.ledger.ring
-    numbers = [STATE_VERSION, ledger.sinks, ledger.window, ledger.sinks_held, ledger.seen, ledger.evicted]
-    numbers += [ledger.position_offset, ring.head, ring.length, ring.extent]
-    if cache.sliding is not None:
-        sliding = cache.sliding.ring
-        numbers += [cache.sliding.sliding_window, sliding.head, sliding.length, sliding.extent]
-    state = {"ledger": torch.tensor(numbers), "token_ids": cache.occupancy.token_ids.cpu()}
-    for index, layer in enumerate(cache.layers):
-        if not layer.is_initialized:
+def _write_slots(cache: SinkCache, slots: SavedSlots) -> None:
+    for layer, pair, pristine in zip(cache.layers, slots.layers, slots.pristine, strict=True):
+        if pair is None:
             continue
-        written = cache.sliding.ring.extent if isinstance(layer, SlidingLayer) else cache.sinks + ring.extent
-        # [batch, heads, written, dim]: contiguous, as safetensors stores them.
-        state[f"layers.{index}.keys"] = layer.keys[:, :, :written].contiguous().cpu()
-        state[f"layers.{index}.values"] = layer.values[:, :, :written].contiguous().cpu()
-        if isinstance(layer, SinkLayer):
-            state[f"layers.{index}.pristine_sinks"] = layer.pristine_sinks.cpu()
-    return state
+        if not layer.is_initialized:
+            layer.lazy_initialization(pair[0][:, :, :1], pair[1][:, :, :1])
+        index = slots.sliding_index if isinstance(layer, SlidingLayer) else slots.index
+        layer.write_back(index, pair)
+        if slots.every:  # as in the cache the snapshot was taken from when it was new: never written
+            layer.keys[:, :, len(index) :].zero_()
+            layer.values[:, :, len(index) :].zero_()
+        if pristine is not None:
+            layer.pristine_sinks.copy_(pristine)
+            layer.sink_partners.copy_(layer.rotary.partner(pristine))
+    cache.occupancy.token_ids.copy_(slots.token_ids)
+    cache.record = slots.record.copy()
 
 
-@torch.inference_mode()
-def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
-    """Put back what cache_state() saved; CacheStateError when it was saved from a cache of another shape.
-
-    The record (record.py) takes the slots' token ids; their labels, and what was skipped, are
-    the caller's to put back (SinkCache.restore_held), as a conversation saves them beside.
-    """
-    numbers = state["ledger"].tolist()
+def _ledgers(numbers: list[int], cache: SinkCache) -> tuple[StreamLedger, SlidingLedger | None]:
+    """The ledgers a saved state's numbers describe, checked against `cache`'s shape."""
     if len(numbers) != (14 if cache.sliding is not None else 10):
         raise CacheStateError("the saved cache has other layer kinds than this model's")
     version, sinks, window, sinks_held, seen, evicted, offset, head, length, extent = numbers[:10]
@@ -156,37 +207,33 @@ def load_cache_state(cache: SinkCache, state: dict[str, torch.Tensor]) -> None:
     ledger = StreamLedger(sinks, window)
     ledger.sinks_held, ledger.seen, ledger.evicted, ledger.position_offset = sinks_held, seen, evicted, offset
     ledger.ring = Ring(window, head, length, extent)
-    sliding = None
-    if cache.sliding is not None:
-        sliding_window, sliding_head, sliding_length, sliding_extent = numbers[10:14]
-        sliding = SlidingLedger(sliding_window)
-        sliding.ring = Ring(sliding_window, sliding_head, sliding_length, sliding_extent)
-    for index, layer in enumerate(cache.layers):
-        keys = state.get(f"layers.{index}.keys")
-        if keys is None:
-            continue
-        values = state[f"layers.{index}.values"]
-        if not layer.is_initialized:
-            layer.lazy_initialization(keys[:, :, :1].to(cache.device), values[:, :, :1].to(cache.device))
-        written = keys.shape[2]
-        stored = layer.keys[:, :, :written]
-        if stored.shape != keys.shape or layer.keys.dtype != keys.dtype or values.shape[:3] != keys.shape[:3]:
-            raise CacheStateError(
-                f"layer {index} was saved as {tuple(keys.shape)} {keys.dtype}, not {tuple(layer.keys.shape)} "
-                f"{layer.keys.dtype}"
-            )
-        stored.copy_(keys)
-        layer.values[:, :, :written].copy_(values)
-        layer.keys[:, :, written:].zero_()  # as in the cache that was saved, never written (masks hide them)
-        layer.values[:, :, written:].zero_()
-        if isinstance(layer, SinkLayer):
-            pristine = state[f"layers.{index}.pristine_sinks"].to(cache.device)
-            if pristine.shape != layer.pristine_sinks.shape:
-                raise CacheStateError(f"layer {index}'s sinks were saved as {tuple(pristine.shape)}")
-            layer.pristine_sinks.copy_(pristine)
-            layer.sink_partners.copy_(layer.rotary.partner(pristine))
-    if state["token_ids"].shape != cache.occupancy.token_ids.shape:
-        raise CacheStateError(f"the saved cache has {state['token_ids'].shape[0]} slots, not {cache.ledger.slots}")
-    cache.occupancy.token_ids.copy_(state["token_ids"])
-    cache.record = SlotRecord(state["token_ids"].tolist(), [NO_LABEL] * cache.ledger.slots)
-    Checkpoint(ledger, sliding).restore(cache)
+    if cache.sliding is None:
+        return ledger, None
+    sliding_window, sliding_head, sliding_length, sliding_extent = numbers[10:14]
+    sliding = SlidingLedger(sliding_window)
+    sliding.ring = Ring(sliding_window, sliding_head, sliding_length, sliding_extent)
+    return ledger, sliding
+
+
+def _checked_values(
+    number: int, layer: SinkLayer | SlidingLayer, keys: torch.Tensor, values: torch.Tensor, written: int
+) -> torch.Tensor:
+    """A layer's saved values, when they and its keys fit its storage: `written` slots of its shape and dtype."""
+    fits = keys.dim() == 4 and values.shape[:3] == keys.shape[:3] and keys.shape[2] == written <= layer.slots
+    if fits and layer.is_initialized:
+        stored = layer.keys
+        fits = keys.shape[:2] == stored.shape[:2] and keys.shape[3] == stored.shape[3] and keys.dtype == stored.dtype
+    if not fits:
+        shape = tuple(layer.keys.shape) if layer.is_initialized else f"{layer.slots} slots"
+        raise CacheStateError(f"layer {number} was saved as {tuple(keys.shape)} {keys.dtype}, not {shape}")
+    return values
+
+
+def _checked_pristine(
+    number: int, layer: SinkLayer, state: dict[str, torch.Tensor], keys: torch.Tensor
+) -> torch.Tensor:
+    pristine = state[f"layers.{number}.pristine_sinks"]
+    expected = (*keys.shape[:2], layer.sinks, layer.rotary.rotary_dim)
+    if tuple(pristine.shape) != expected:
+        raise CacheStateError(f"layer {number}'s sinks were saved as {tuple(pristine.shape)}")
+    return pristine

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from streamchat.cache.snapshots import ReplySnapshot
+from streamchat.cache.snapshots import CacheSnapshot
 
 if TYPE_CHECKING:
     from streamchat.generation.token_loop import TokenLoop
@@ -17,16 +17,16 @@ if TYPE_CHECKING:
 class RegenPoint:
     """The cache right after the last prompt: /regen restores it and draws a new reply."""
 
-    cache_state: ReplySnapshot
+    cache: CacheSnapshot
     logits: torch.Tensor
 
     @classmethod
     def take(cls, loop: TokenLoop, reach: int, logits: torch.Tensor) -> RegenPoint:
         """The point `loop` is at, before a reply that feeds at most `reach` tokens."""
         # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
-        return cls(ReplySnapshot.take(loop.cache, reach), logits.clone())
+        return cls(CacheSnapshot.take(loop.cache, reach), logits.clone())
 
     def restore(self, loop: TokenLoop) -> torch.Tensor:
         """Put `loop` back where the point was taken; the logits to draw the reply from."""
-        self.cache_state.restore(loop.cache)
+        self.cache.restore(loop.cache)
         return self.logits

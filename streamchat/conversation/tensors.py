@@ -5,7 +5,7 @@ token for token the one the session would have given had it never stopped: the c
 continues bit for bit (streamchat.cache.snapshots), its record tells the same story of
 what was forgotten, and the sampler draws the same numbers.
 
-    cache.*                 streamchat.cache.snapshots.cache_state(): slots, pristine sinks, ledger
+    cache.*                 a whole CacheSnapshot's tensors (streamchat.cache.snapshots): slots, sinks, ledger
     mirror.sinks            [n, 2] int64: token id and message index (its label) of each kept token
     mirror.window           [m, 2] int64: the same for the window, oldest first
     mirror.forgotten        [2] int64: tokens forgotten, the message the latest of them came from
@@ -21,7 +21,7 @@ import torch
 
 from streamchat.cache import SinkCache
 from streamchat.cache.record import HeldTokens
-from streamchat.cache.snapshots import cache_state, load_cache_state
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.conversation.state import TensorState
 from streamchat.errors import CacheStateError
 from streamchat.generation.sampling import Sampler
@@ -32,7 +32,7 @@ RANDOM_STATE = "sampler.random_state"
 
 def tensors_of(cache: SinkCache, sampler: Sampler) -> TensorState:
     """The tensors of a cache, its record and a sampler, copied to the CPU."""
-    tensors = {CACHE_PREFIX + name: tensor for name, tensor in cache_state(cache).items()}
+    tensors = {CACHE_PREFIX + name: tensor for name, tensor in CacheSnapshot.whole(cache).tensors().items()}
     held = cache.held_tokens()
     tensors["mirror.sinks"] = _pairs(held.sink_ids, held.sink_labels)
     tensors["mirror.window"] = _pairs(held.window_ids, held.window_labels)
@@ -51,9 +51,8 @@ def restore_tensors(cache: SinkCache, state: TensorState, device: torch.device) 
     """
     tensors = state.tensors
     try:
-        load_cache_state(
-            cache, {n.removeprefix(CACHE_PREFIX): t for n, t in tensors.items() if n.startswith(CACHE_PREFIX)}
-        )
+        saved = {name.removeprefix(CACHE_PREFIX): t for name, t in tensors.items() if name.startswith(CACHE_PREFIX)}
+        CacheSnapshot.from_tensors(saved, cache).restore(cache)
         sinks, window = tensors["mirror.sinks"].tolist(), tensors["mirror.window"].tolist()
         forgotten, last_forgotten_label = tensors["mirror.forgotten"].tolist()
     except (KeyError, ValueError, RuntimeError) as error:

@@ -42,7 +42,7 @@ from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import step_logits
 from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.cache.record import UNREAD
-from streamchat.cache.snapshots import Checkpoint
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import ConfigError
 from streamchat.generation.sampling import (
     Draw,
@@ -127,7 +127,7 @@ class Decoder:
         self._counts: torch.Tensor | None = None
         self._one: torch.Tensor | None = None  # [1], what a draw adds to its token's count
         self._counted: torch.Tensor | None = None  # [1], the token last counted, for take_back()
-        self._checkpoint: Checkpoint | None = None
+        self._checkpoint: CacheSnapshot | None = None
         self.label = NO_LABEL  # what the cache records the reply's tokens with (start() sets it)
 
     @property
@@ -195,7 +195,7 @@ class Decoder:
 
     def checkpoint(self) -> None:
         """Before a batch feeds this decoder's token: what take_back() returns to."""
-        self._checkpoint, self._previous_row = Checkpoint.take(self.cache), self._row
+        self._checkpoint, self._previous_row = CacheSnapshot.take(self.cache), self._row
 
     def fed(self, logits: torch.Tensor) -> None:
         """A batch fed this decoder's token: `logits` [1, 1, vocab] are its row's, the next token is drawn from them."""

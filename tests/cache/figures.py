@@ -18,8 +18,8 @@ import sys
 import torch
 
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
+from tests.cache.players import UNIT_ROUNDOFF, Player
 from tests.cache.test_against_reference import stream
-from tests.cache.test_sink_cache import UNIT_ROUNDOFF, Player
 from tests.support.models import tiny_model
 
 
@@ -59,7 +59,7 @@ def snapshot() -> None:
 
     from streamchat import defaults
     from streamchat.cache import SinkCache, prefill_chunks
-    from streamchat.cache.snapshots import ReplySnapshot
+    from streamchat.cache.snapshots import CacheSnapshot
     from streamchat.measure.models import random_config
 
     config = random_config("llama-2-7b")
@@ -72,7 +72,7 @@ def snapshot() -> None:
     # Before: the keys and values of all sinks + window slots, and both copies of the sinks, per layer.
     slot_bytes = sum((layer.keys.nbytes + layer.values.nbytes) / layer.slots for layer in cache.layers)
     whole = slot_bytes * cache.capacity + sum(2 * layer.pristine_sinks.nbytes for layer in cache.layers)
-    reply = ReplySnapshot.take(cache, defaults.MAX_NEW_TOKENS + 2)  # a reply, then its end of turn
+    reply = CacheSnapshot.take(cache, reach=defaults.MAX_NEW_TOKENS + 2)  # a reply, then its end of turn
     scale = layers / config.num_hidden_layers
     saved = reply.slots.numel()
     print(f"before: {whole * scale / 2**20:,.0f} MiB copied to host memory per turn (the whole cache)")

@@ -8,7 +8,7 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch, bucket
 from streamchat.cache.feeding import step_logits
-from streamchat.cache.snapshots import cache_state
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheStateError
 from tests.support.models import VOCAB, tiny_model
 
@@ -31,7 +31,7 @@ def test_buckets_are_powers_of_two():
 def test_members_view_their_rows_and_leaving_gives_each_its_own_storage_back():
     model = tiny_model("llama")
     caches = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 10), (6, 20), (2, 7)])]
-    before = [cache_state(cache) for cache in caches]
+    before = [CacheSnapshot.whole(cache).tensors() for cache in caches]
     batch = CacheBatch()
     for cache in caches:
         batch.join(cache)
@@ -40,21 +40,21 @@ def test_members_view_their_rows_and_leaving_gives_each_its_own_storage_back():
         assert layer.keys.data_ptr() == batch._keys[0][row].data_ptr()
         assert layer.keys.shape[2] == cache.ledger.slots  # a narrower member views the first columns
     for cache, state in zip(caches, before, strict=True):  # joining moved nothing
-        for name, tensor in cache_state(cache).items():
+        for name, tensor in CacheSnapshot.whole(cache).tensors().items():
             assert torch.equal(tensor, state[name]), name
     batch.leave(caches[0])  # the last member takes the first row
     assert batch.members == [caches[2], caches[1]]
     assert caches[2].layers[0].keys.data_ptr() == batch._keys[0][0].data_ptr()
     assert caches[0].layers[0].keys.is_contiguous() and caches[0].layers[0].keys._base is None
     for cache, state in zip(caches, before, strict=True):
-        for name, tensor in cache_state(cache).items():
+        for name, tensor in CacheSnapshot.whole(cache).tensors().items():
             assert torch.equal(tensor, state[name]), name
 
 
 def test_caches_joining_together_take_the_next_rows_in_order():
     model = tiny_model("llama")
     caches = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 10), (6, 20), (2, 7)])]
-    before = [cache_state(cache) for cache in caches]
+    before = [CacheSnapshot.whole(cache).tensors() for cache in caches]
     batch = CacheBatch()
     batch.join(caches[0])
     batch.join(caches[1], caches[2], caches[1], caches[0])  # repeats and members are skipped
@@ -63,7 +63,7 @@ def test_caches_joining_together_take_the_next_rows_in_order():
     for row, cache in enumerate(caches):
         assert cache.layers[0].keys.data_ptr() == batch._keys[0][row].data_ptr()
     for cache, state in zip(caches, before, strict=True):
-        for name, tensor in cache_state(cache).items():
+        for name, tensor in CacheSnapshot.whole(cache).tensors().items():
             assert torch.equal(tensor, state[name]), name
 
 

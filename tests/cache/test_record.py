@@ -10,7 +10,7 @@ from streamchat.cache.batch import CacheBatch
 from streamchat.cache.feeding import step_logits
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.cache.record import UNREAD, HeldTokens
-from streamchat.cache.snapshots import Checkpoint, ReplySnapshot
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheStateError
 from tests.support.models import tiny_model
 
@@ -83,7 +83,7 @@ def test_a_step_taken_back_leaves_the_record_as_it_was():
     feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)
     cache.count_skipped(3, label=4)
     before = cache.held_tokens()
-    checkpoint = Checkpoint.take(cache)
+    checkpoint = CacheSnapshot.take(cache)
     decode(model, cache, 60, label=5)  # evicts 12, labelled 0
     assert cache.held_tokens().last_forgotten_label == 0
     checkpoint.restore(cache)
@@ -95,7 +95,7 @@ def test_a_reply_snapshot_brings_back_the_tokens_a_long_reply_overwrote():
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     feed(model, cache, [10, 11, 12, 13, 14], label=0)
     before = cache.held_tokens()
-    snapshot = ReplySnapshot.take(cache, budget=9)
+    snapshot = CacheSnapshot.take(cache, reach=9)
     for token in range(70, 79):  # every window slot written, several times over
         decode(model, cache, token, label=1)
     assert cache.held_tokens().window_ids == (75, 76, 77, 78)

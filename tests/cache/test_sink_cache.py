@@ -1,11 +1,9 @@
-"""The sink cache alone, on synthetic keys: geometry, precision over a million tokens, cost, snapshots.
+"""The sink cache alone, on synthetic keys: geometry, precision over a million tokens, cost, failures.
 
-Token t has a known key before RoPE (`raw_key(t)`, float64). The test plays the model:
-it takes each step through the cache (`with cache.step(ids)`, or `with cache.decode_step()`
-and decode_inputs), rotates the key once at the position the cache hands out, rounds it to the storage
-dtype, and feeds it. Token identities ride in the values (base-16 digits: exact in any
-dtype), so the test reads which token each slot the last query may see holds, without
-asking the cache.
+The test plays the model (tests/cache/players.py): each token has a known key before
+RoPE, which the player rotates once at the position the cache hands out, and the token's
+identity rides in its value, so the test reads which token each visible slot holds
+without asking the cache.
 
 A key has the exact in-cache geometry when its rotary distance to the step's last
 query equals its distance in the cache the paper describes (sinks, then the window,
@@ -20,112 +18,8 @@ import pytest
 import torch
 
 from streamchat.cache import LayerSpec, SinkCache
-from streamchat.cache.snapshots import Checkpoint, ReplySnapshot, cache_state, load_cache_state, release_snapshots
 from streamchat.errors import CacheConfigError, CacheStateError
-
-HEADS, HEAD_DIM = 2, 64
-INV_FREQ = 1.0 / (1e5 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM))
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
-
-
-def raw_key(tokens: torch.Tensor) -> torch.Tensor:
-    """A deterministic, varied key [heads, n, head_dim] per token, before RoPE: a hash in [-1, 1)."""
-    t = tokens[None, :, None]
-    head = torch.arange(HEADS)[:, None, None]
-    dim = torch.arange(HEAD_DIM)[None, None, :]
-    hashed = (t * 2654435761 + head * 40503 + dim * 7919) % 65521
-    return hashed.double() / 32760.5 - 1.0
-
-
-def encode_tokens(tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Token indices as five base-16 digits [n, 5], exact in any dtype."""
-    digits = torch.stack([(tokens // 16**place) % 16 for place in range(5)], dim=-1)
-    return digits.to(dtype)
-
-
-def decode_tokens(digits: torch.Tensor) -> torch.Tensor:
-    return sum(digits[..., place].long() * 16**place for place in range(5))
-
-
-class Rope:
-    """Keys [heads, n, dim] rotated at positions [n] in float64, independent of streamchat.cache.rope.
-
-    cos and sin are tabulated over the positions a bounded cache can use; the cache
-    keeps positions small, so a position off the table fails the test.
-    """
-
-    LOWEST, HIGHEST = -1024, 16384
-
-    def __init__(self, layout: str, inv_freq: torch.Tensor):
-        self.layout = layout
-        self.rotary_dim = 2 * inv_freq.numel()
-        angles = torch.arange(self.LOWEST, self.HIGHEST, dtype=torch.float64)[:, None] * inv_freq.double()
-        self.cos, self.sin = angles.cos(), angles.sin()
-
-    def __call__(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos[positions - self.LOWEST], self.sin[positions - self.LOWEST]
-        rot, rest = keys[..., : self.rotary_dim], keys[..., self.rotary_dim :]
-        if self.layout == "interleaved":
-            even, odd = rot[..., 0::2], rot[..., 1::2]
-            rot = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
-        else:
-            first, second = rot.chunk(2, dim=-1)
-            rot = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
-        return torch.cat((rot, rest), dim=-1)
-
-
-class Player:
-    """Feeds tokens to a one-layer cache the way a model would."""
-
-    def __init__(self, sinks, window, dtype, layout="rotate_half", rotary_dim=HEAD_DIM):
-        # Float32 frequencies, as a model keeps them; the truth uses the very same values.
-        inv_freq = INV_FREQ[: rotary_dim // 2].float()
-        self.cache = SinkCache([LayerSpec(inv_freq, layout)], sinks=sinks, window=window)
-        self.rope = Rope(layout, inv_freq)
-        self.dtype = dtype
-        self.seen = 0
-        self.eviction = None  # what the last step evicted
-
-    def feed(self, count: int):
-        """Feed the next `count` tokens in one eager step; return what the last query sees, and its position."""
-        with self.cache.step(torch.arange(self.seen, self.seen + count)[None]) as step:
-            self.eviction = step.eviction
-            return self._write(count, step.inputs)
-
-    def decode(self):
-        """Feed the next token through the device-only decode step."""
-        with self.cache.decode_step() as eviction:
-            self.eviction = eviction
-            return self._write(1, self.cache.decode_inputs(torch.tensor([[self.seen]])))
-
-    def _write(self, count: int, inputs):
-        tokens = torch.arange(self.seen, self.seen + count)
-        positions = inputs.position_ids[0]
-        keys = self.rope(raw_key(tokens), positions).to(self.dtype)[None]
-        values = torch.zeros(1, HEADS, count, HEAD_DIM, dtype=self.dtype)
-        values[..., :5] = encode_tokens(tokens, self.dtype)
-        keys, values = self.cache.update(keys, values, 0)
-        self.seen += count
-        visible = inputs.attention_mask[0, 0, -1]
-        return (keys[:, :, visible], values[:, :, visible]), positions[-1].item()
-
-    def worst_error(self, returned, last_position: int) -> float:
-        """Largest relative error of a visible key against the exact in-cache geometry."""
-        keys, values = returned
-        tokens = decode_tokens(values[0, 0, :, :5])
-        assert sorted(tokens.tolist()) == self.expected_tokens()
-        last_token, sinks = self.seen - 1, self.cache.sinks
-        # In-cache distance to the last query: sinks sit right before the oldest window token.
-        oldest_window = tokens[tokens >= sinks].min().item() if (tokens >= sinks).any() else last_token
-        sink_distance = (last_token - oldest_window) + (sinks - tokens)
-        distance = torch.where(tokens < sinks, sink_distance, last_token - tokens)
-        expected = self.rope(raw_key(tokens), last_position - distance)
-        error = (keys[0].double() - expected).norm(dim=-1) / expected.norm(dim=-1)
-        return error.max().item()
-
-    def expected_tokens(self) -> list[int]:
-        sinks, window = self.cache.sinks, self.cache.window
-        return list(range(min(self.seen, sinks))) + list(range(max(sinks, self.seen - window), self.seen))
+from tests.cache.players import HEAD_DIM, HEADS, INV_FREQ, UNIT_ROUNDOFF, Player
 
 
 def test_positions_are_exact_in_float32_after_many_evictions():
@@ -225,58 +119,6 @@ def test_reset_forgets_everything():
     assert player.worst_error(returned, position) < 1e-6
 
 
-def _play(player: Player, counts: list[int]) -> list:
-    return [player.feed(count) if count > 1 else player.decode() for count in counts]
-
-
-@pytest.mark.parametrize("budget", [40, 100])
-def test_restore_takes_back_everything_the_budget_covers_even_past_a_rebase(budget):
-    player = Player(sinks=4, window=60, dtype=torch.bfloat16)
-    player.feed(60)
-    player.feed(50)  # positions 110 of a rebase due at 124
-    snapshot, seen = ReplySnapshot.take(player.cache, budget), player.seen
-    counts = [1] * (budget - 7) + [7]  # the reply: tokens one by one, then its closing
-    first = _play(player, counts)
-    snapshot.restore(player.cache)
-    player.seen = seen
-    assert player.cache.stats().used == 64 and player.cache.stats().seen == 110
-    again = _play(player, counts)
-    for (returned, position), (returned_again, position_again) in zip(first, again, strict=True):
-        assert position == position_again
-        assert all(torch.equal(a, b) for a, b in zip(returned, returned_again, strict=True))
-    # Only what the reply could overwrite was saved: the sinks and `budget` ring slots, unless that is all of them.
-    saved_slots = 4 + min(budget, 61)
-    assert snapshot.nbytes == saved_slots * 2 * HEADS * HEAD_DIM * 2 + 2 * (HEADS * 4 * HEAD_DIM * 4)
-
-
-def test_a_partial_snapshot_holds_rebases_until_it_is_released():
-    player = Player(sinks=4, window=60, dtype=torch.bfloat16)
-    player.feed(60)
-    player.feed(60)
-    ReplySnapshot.take(player.cache, 40)
-    _play(player, [1] * 30)
-    assert player.cache.get_seq_length() > player.cache.ledger.rebase_at  # held
-    release_snapshots(player.cache)
-    returned, position = player.decode()
-    assert position < player.cache.ledger.rebase_at
-    assert player.worst_error(returned, position) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
-
-
-def test_rolling_back_a_decode_step_is_exact():
-    taken_back, straight = Player(4, 30, torch.bfloat16), Player(4, 30, torch.bfloat16)
-    for player in (taken_back, straight):
-        player.feed(30)
-        _play(player, [1] * 20)
-    checkpoint = Checkpoint.take(taken_back.cache)
-    taken_back.decode()
-    checkpoint.restore(taken_back.cache)
-    taken_back.seen -= 1
-    for (ours, position), (theirs, their_position) in zip(
-        _play(taken_back, [1, 1, 5]), _play(straight, [1, 1, 5]), strict=True
-    ):
-        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
-
-
 def test_each_step_returns_exactly_the_eviction_the_ledger_made_for_it():
     player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(14)
@@ -348,43 +190,3 @@ def test_steps_longer_than_the_window_are_refused():
     player.feed(4)
     with pytest.raises(CacheConfigError, match="feed at most 10 at a time"):
         player.feed(11)
-
-
-def test_the_whole_state_saved_and_loaded_into_a_new_cache_continues_exactly():
-    saved, straight = Player(4, 30, torch.bfloat16), Player(4, 30, torch.bfloat16)
-    for player in (saved, straight):
-        player.feed(30)
-        _play(player, [1] * 45 + [6])
-    state = {name: tensor.clone() for name, tensor in cache_state(saved.cache).items()}
-    resumed = Player(4, 30, torch.bfloat16)
-    load_cache_state(resumed.cache, state)
-    resumed.seen = saved.seen
-    assert resumed.cache.stats() == straight.cache.stats()
-    for (ours, position), (theirs, their_position) in zip(
-        _play(resumed, [1] * 50 + [5]), _play(straight, [1] * 50 + [5]), strict=True
-    ):
-        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
-
-
-def test_a_state_holds_only_the_slots_written_and_a_loaded_one_continues_exactly_in_a_used_cache():
-    saved, straight, used = Player(4, 30, torch.float32), Player(4, 30, torch.float32), Player(4, 30, torch.float32)
-    for player in (saved, straight):
-        player.feed(10)
-        _play(player, [1] * 5)
-    _play(used, [20] + [1] * 40)  # a cache that held another stream: every slot written
-    state = cache_state(saved.cache)
-    assert state["layers.0.keys"].shape == (1, HEADS, 4 + 11, HEAD_DIM)  # the sinks and 11 ring slots written
-    load_cache_state(used.cache, state)
-    used.seen = saved.seen
-    assert torch.equal(used.cache.layers[0].keys, straight.cache.layers[0].keys)
-    for (ours, position), (theirs, their_position) in zip(
-        _play(used, [1] * 40 + [3]), _play(straight, [1] * 40 + [3]), strict=True
-    ):
-        assert position == their_position and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
-
-
-def test_a_state_saved_from_another_shape_is_refused():
-    player = Player(4, 30, torch.bfloat16)
-    player.feed(10)
-    with pytest.raises(CacheStateError, match=r"saved cache is 4 sinks \+ 30 window .* this one is 4 \+ 40"):
-        load_cache_state(Player(4, 40, torch.bfloat16).cache, cache_state(player.cache))

@@ -11,7 +11,7 @@ import torch
 from streamchat.cache import SinkCache, forward, prefill_chunks
 from streamchat.cache.batch import CacheBatch
 from streamchat.cache.feeding import step_logits
-from streamchat.cache.snapshots import cache_state
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.runner import Runner
 from streamchat.engine.scheduler import Scheduled
 from streamchat.engine.work import DecodeRow, PromptChunk, Ticket
@@ -83,7 +83,7 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
     evictions = [outcome.eviction.count if outcome.eviction else 0 for outcome in outcomes]
     assert evictions == [*[0, 1][:decoding], 0, 0]  # the second reply's sinks and window were full
     for one, other in zip(alone, mixed, strict=True):
-        mine, theirs = cache_state(one), cache_state(other)
+        mine, theirs = CacheSnapshot.whole(one).tensors(), CacheSnapshot.whole(other).tensors()
         assert mine.keys() == theirs.keys()
         for key in mine:
             torch.testing.assert_close(theirs[key], mine[key], rtol=0, atol=1e-5, msg=key)

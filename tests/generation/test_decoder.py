@@ -9,7 +9,7 @@ import torch
 import torch._dynamo
 
 from streamchat.cache import SinkCache, forward
-from streamchat.cache.snapshots import cache_state
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import ConfigError
 from streamchat.generation.decoder import Decoder, _Reader, compile_backend
 from streamchat.generation.sampling import Sampler
@@ -135,7 +135,7 @@ def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_
                 decoder.next()
             if cache.ledger.position_offset != offset:
                 rebases.append(step)
-        return cache_state(cache), rebases
+        return CacheSnapshot.whole(cache).tensors(), rebases
 
     straight, rebases = decoded(set())
     assert rebases  # the stream crosses a rebase

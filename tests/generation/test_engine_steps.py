@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamchat.cache import SinkCache, forward
-from streamchat.cache.snapshots import cache_state
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import EngineSteps
@@ -118,7 +118,7 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
     batched = conversations(model, SAMPLED)
     run_rounds(Engine(model), batched)
     for one, other in zip(alone, batched, strict=True):
-        mine, theirs = cache_state(one.cache), cache_state(other.cache)
+        mine, theirs = CacheSnapshot.whole(one.cache).tensors(), CacheSnapshot.whole(other.cache).tensors()
         assert mine.keys() == theirs.keys()
         for name in mine:
             torch.testing.assert_close(theirs[name], mine[name], rtol=0, atol=1e-5, msg=name)
