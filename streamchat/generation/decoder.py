@@ -201,15 +201,23 @@ class Decoder:
         """A batch fed this decoder's token: `logits` [1, 1, vocab] are its row's, the next token is drawn from them."""
         self._row = self._last_row(logits)
 
-    def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
-        """The leader draws (settled on the host) and shares; every rank feeds the same token."""
-        token = None
-        if self.channel.leads and not stop_requested:
-            token = self.draw().token
+    def draw_agreed(self, stop_requested: bool) -> Settled | None:
+        """draw() as every rank agrees on it: under tensor parallelism the leader draws and the others are told.
+        None where the reply stops instead (`stop_requested`: the leader's, under a channel)."""
+        if self.channel is None:
+            return None if stop_requested else self.draw()
+        token = self.draw().token if self.channel.leads and not stop_requested else None
         token = self.channel.share_token(token)
         if token is None:
             return None
-        return Decoded(token, self._feed(torch.tensor([token], device=self.device), token))
+        return Settled(token, torch.tensor([token], device=self.device), redrawn=False)
+
+    def _next_in_lockstep(self, stop_requested: bool) -> Decoded | None:
+        """The leader draws (settled on the host) and shares; every rank feeds the same token."""
+        settled = self.draw_agreed(stop_requested)
+        if settled is None:
+            return None
+        return Decoded(settled.token, self._feed(settled.on_device, settled.token))
 
     def take_back(self) -> None:
         """Undo the step that fed the last token (exactly: nothing it overwrote was held), its count included."""

@@ -38,10 +38,11 @@ class EngineSteps:
         self.drives = drives  # the engine is this conversation's alone: it runs each step as its work is queued
 
     def next(self, decoder: Decoder, stop_requested: bool = False) -> Generator[StepQueued, None, Decoded | None]:
-        """Decoder.next() in the engine: the token drawn and fed (StepQueued until then); None on stop()."""
-        if stop_requested:
+        """Decoder.next() in the engine: the token drawn and fed (StepQueued until then); None on stop().
+        Under tensor parallelism every rank's engine feeds the token the leader drew."""
+        settled = decoder.draw_agreed(stop_requested)
+        if settled is None:
             return None
-        settled = decoder.draw()
         decoder.checkpoint()  # what take_back() returns to: the cache as it is before the step
         cache, label = decoder.cache, decoder.label
         if cache.ledger.sinks_full:

@@ -38,11 +38,11 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
 
         use_compile_cache()
     session = ChatSession(loaded.model, loaded.tokenizer, options)
-    if options.compile_backend is None and channel is None and loaded.device.type == "cpu":
+    if options.compile_backend is None and loaded.device.type == "cpu":
         from streamchat.engine.engine import Engine
 
-        # The chat's steps are the server's: one conversation, one row. Not under --tp (the ranks step in
-        # lockstep through the decoder), nor for a compiled step or on an accelerator, where the decoder's
-        # own step (one graph, the token read back a step late) is the faster.
+        # The chat's steps are the server's: one conversation, one row (under --tp, every rank's engine takes
+        # the step the leader's takes). Not for a compiled step or on an accelerator, where the decoder's own
+        # step (one graph, the token read back a step late) is the faster.
         session.run_in(Engine(loaded.model), drives=True)
     return session

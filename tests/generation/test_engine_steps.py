@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Generator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -194,3 +195,65 @@ def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_noth
         assert [e.text for e in theirs if hasattr(e, "text")] == [e.text for e in mine if hasattr(e, "text")]
     assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
     assert engine.steps > 0 and engine.runner.members == []  # every step ran through the engine, one row
+
+
+class _Leader:
+    """Rank 0's channel under --tp: it draws; every step it shares is recorded for the other rank."""
+
+    leads = True
+
+    def __init__(self):
+        self.steps = []
+
+    def share_token(self, token):
+        self.steps.append(token)
+        return token
+
+    def agree_stop(self, requested):
+        self.steps.append(requested)
+        return requested
+
+
+class _Follower:
+    """Another rank's channel: told rank 0's steps, in order."""
+
+    leads = False
+
+    def __init__(self, steps):
+        self._steps = iter(steps)
+
+    def share_token(self, token):
+        return next(self._steps)
+
+    def agree_stop(self, requested):
+        return next(self._steps)
+
+
+def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens():
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    model = copy.deepcopy(tiny_model("llama", vocab_size=700))
+    fuse_projections(model)
+    settings = GenerationSettings(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=4)
+
+    def session(channel, seed: int = 4) -> ChatSession:
+        options = SessionOptions(settings=replace(settings, seed=seed), window=40, system_prompt="Hi.", channel=channel)
+        return ChatSession(model, byte_level_tokenizer(), options)
+
+    questions = ["Hello there.", "And then what happened?"]
+    alone, leader_channel = session(None), _Leader()
+    leader = session(leader_channel)
+    leader.run_in(Engine(model), drives=True)
+    for question in questions:
+        list(alone.chat(question))
+        list(leader.chat(question))
+    assert leader.transcript == alone.transcript  # the leader draws as a run without ranks does
+    follower_engine = Engine(model)
+    follower = session(_Follower(leader_channel.steps), seed=5)  # a follower never draws: its seed is moot
+    follower.run_in(follower_engine, drives=True)
+    for question in questions:
+        list(follower.chat(question))
+    assert follower.transcript == leader.transcript and follower.cache_stats() == leader.cache_stats()
+    tokens_told = [step for step in leader_channel.steps if type(step) is int]
+    assert follower_engine.steps >= len(tokens_told) > 0  # the follower fed every token told in its engine
