@@ -41,6 +41,13 @@ from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.loading.resolve import packaged_gguf
 from streamchat.measure.aten_calls import decode_aten_calls_per_token
+from streamchat.measure.bandwidth import (
+    gguf_bytes_per_token,
+    kv_bytes_per_token,
+    measure_bandwidth,
+    synchronize,
+    weight_bytes_per_token,
+)
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
 
@@ -51,9 +58,6 @@ DEFAULTS_VS_LLAMA_CPP_MAX = 2.5
 STREAMCHAT_VS_GENERATE_MAX = 1.0
 COMPILED_VS_EAGER_MIN = 2.5
 COMPILED_VS_LIMIT_MAX = 2.0
-# Bandwidth probe: a float32 matrix far larger than any CPU cache, read by one GEMV.
-BANDWIDTH_PROBE_BYTES = 512 * 2**20
-BANDWIDTH_PROBE_REPEATS = 5
 LLAMA_CPP_MIN_CONTEXT = 512
 STREAMCHAT, COMPILED, GENERATE = "streamchat", "streamchat compiled", "transformers generate() + StaticCache"
 
@@ -143,11 +147,11 @@ def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str
     *_, last = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
     decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
     decoder.next()  # the first step: it compiles, when compiling
-    _synchronize(subject.device)
+    synchronize(subject.device)
     started = time.perf_counter()
     for _ in range(sizes.max_new_tokens - 1):
         decoder.next()
-    _synchronize(subject.device)
+    synchronize(subject.device)
     return (time.perf_counter() - started) / (sizes.max_new_tokens - 1)
 
 
@@ -205,11 +209,6 @@ def filling_ids(model: Any, sizes: DecodeSizes) -> torch.Tensor:
     )
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class LlamaCpp:
     """llama.cpp on a GGUF file, greedy, with as many threads as torch uses."""
 
@@ -248,65 +247,6 @@ def llama_cpp_gguf(model: str | None) -> tuple[Path | None, str]:
         return None, f"llama.cpp row skipped: {model} is not a GGUF file"
     gguf = packaged_gguf(defaults.DEFAULT_MODEL)
     return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
-
-
-# ---- the limit ------------------------------------------------------------------------------------
-
-
-def measure_bandwidth(device: torch.device) -> float:
-    """Bytes per second one large float32 GEMV reads on `device` (the best of a few)."""
-    columns = 4096
-    matrix = torch.rand(BANDWIDTH_PROBE_BYTES // 4 // columns, columns, device=device)
-    vector = torch.rand(columns, device=device)
-    best = float("inf")
-    for _ in range(BANDWIDTH_PROBE_REPEATS):
-        _synchronize(device)
-        started = time.perf_counter()
-        torch.mv(matrix, vector)
-        _synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return matrix.numel() * matrix.element_size() / best
-
-
-def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of every parameter and buffer a decode step reads: all but the input embedding table.
-
-    Quantized tensors count by their storage (their inner tensors), not by their float shape.
-    """
-    embedding = model.get_input_embeddings().weight
-    output = model.get_output_embeddings()
-    tied = output is not None and getattr(output, "weight", None) is embedding
-    total = 0
-    seen: set[int] = set()
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen or (tensor is embedding and not tied):
-            continue
-        seen.add(id(tensor))
-        total += _storage_bytes(tensor)
-    return total
-
-
-def _storage_bytes(tensor: torch.Tensor) -> int:
-    flatten = getattr(tensor, "__tensor_flatten__", None)
-    if flatten is None or type(tensor) in (torch.Tensor, torch.nn.Parameter):
-        return tensor.numel() * tensor.element_size()
-    names, _ = flatten()
-    return sum(_storage_bytes(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
-
-
-def kv_bytes_per_token(model: torch.nn.Module, context: int, element_bytes: int) -> int:
-    """Bytes of keys and values one decode step reads over `context` cached tokens."""
-    config = model.config.get_text_config(decoder=True)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * context * element_bytes
-
-
-def gguf_bytes_per_token(gguf: Path) -> int:
-    """Bytes of a GGUF file's tensors: llama.cpp reads all of them per token (a tied output reads the table)."""
-    from gguf import GGUFReader
-
-    return sum(int(tensor.n_bytes) for tensor in GGUFReader(gguf).tensors)
 
 
 # ---- rows, checks -------------------------------------------------------------------------------

@@ -52,6 +52,30 @@ def layer_specs(model: Any) -> list[LayerSpec]:
     return specs
 
 
+def keeps_own_window(spec: LayerSpec, window: int) -> bool:
+    """Whether a layer keeps the model's sliding window in a cache of `window` recent tokens."""
+    # A sliding window no wider than ours is kept as trained. A wider one never binds
+    # inside our cache, so such a layer streams with sinks like a full-attention layer.
+    return spec.sliding_window is not None and spec.sliding_window <= window
+
+
+def build_layers(
+    specs: list[LayerSpec], window: int, sinks: int, ring_slots: int, sliding_slots: int, max_shift: int
+) -> tuple[list[SinkLayer | SlidingLayer], list[RotaryTable]]:
+    """A layer for each spec in a cache of `window` recent tokens, and the rotary tables they share: one per
+    geometry, up to `max_shift`."""
+    tables: list[RotaryTable] = []
+    layers: list[SinkLayer | SlidingLayer] = []
+    for spec in specs:
+        table = next((table for table in tables if table.same_geometry(spec.inv_freq, spec.layout)), None)
+        if table is None:
+            table = RotaryTable(spec.inv_freq, spec.layout, max_shift)
+            tables.append(table)
+        own = keeps_own_window(spec, window)
+        layers.append(SlidingLayer(sliding_slots, table) if own else SinkLayer(sinks, ring_slots, table))
+    return layers, tables
+
+
 def _rotary_module(model: Any) -> torch.nn.Module:
     for name, module in model.named_modules():
         if name.endswith("rotary_emb"):

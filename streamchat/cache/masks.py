@@ -48,6 +48,21 @@ def for_attention(mask: torch.Tensor, boolean: bool, dtype: torch.dtype) -> torc
     return torch.where(mask, attend, torch.finfo(dtype).min)
 
 
+def for_layers(
+    full: torch.Tensor,
+    sliding: torch.Tensor | None,
+    layer_types: dict[str, bool],
+    boolean: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A step's 4D masks (per_layer_type) from boolean masks [keys] (one query) or [queries, keys]."""
+
+    def made(mask: torch.Tensor) -> torch.Tensor:
+        return for_attention(mask if mask.dim() == 2 else mask[None], boolean, dtype)
+
+    return per_layer_type(made(full), None if sliding is None else made(sliding), layer_types)
+
+
 def per_layer_type(
     full: torch.Tensor, sliding: torch.Tensor | None, layer_types: dict[str, bool]
 ) -> torch.Tensor | dict[str, torch.Tensor]:

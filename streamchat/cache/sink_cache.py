@@ -32,7 +32,15 @@ import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.layers import DecodeStorage, LayerSpec, SinkLayer, SlidingLayer, layer_specs
+from streamchat.cache.layers import (
+    DecodeStorage,
+    LayerSpec,
+    SinkLayer,
+    SlidingLayer,
+    build_layers,
+    keeps_own_window,
+    layer_specs,
+)
 from streamchat.cache.ledger import (
     NO_LABEL,
     CacheStats,
@@ -53,7 +61,6 @@ from streamchat.cache.occupancy import (
     slot_index,
 )
 from streamchat.cache.record import UNREAD, HeldTokens, SlotRecord
-from streamchat.cache.rope import RotaryTable
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
 DECODE = "decode"  # what _step holds during a decode step taken with device tensors
@@ -87,15 +94,17 @@ class SinkCache(Cache):
         device: torch.device | str = "cpu",
     ) -> None:
         self.ledger = StreamLedger(sinks, window)
-        sliding_windows = {spec.sliding_window for spec in specs if self._own_window(spec, window)}
+        sliding_windows = {spec.sliding_window for spec in specs if keeps_own_window(spec, window)}
         if len(sliding_windows) > 1:
             raise UnsupportedModelError(f"layers use several sliding windows {sorted(sliding_windows)}")
         self.sliding = SlidingLedger(sliding_windows.pop()) if sliding_windows else None
-        self.tables = self._tables(specs)
-        super().__init__(layers=[self._layer(spec, window) for spec in specs])
+        sliding_slots = self.sliding.slots if self.sliding else 0
+        ring_slots, max_shift = self.ledger.ring.slots, self.ledger.max_shift
+        layers, self.tables = build_layers(specs, window, sinks, ring_slots, sliding_slots, max_shift)
+        super().__init__(layers=layers)
         # Which table each layer rotates with, by index (plain ints: fine inside a compiled step).
         self._table_of = [self.tables.index(layer.rotary) for layer in self.layers]
-        self.layer_types = {spec.layer_type: self._own_window(spec, window) for spec in specs}
+        self.layer_types = {spec.layer_type: keeps_own_window(spec, window) for spec in specs}
         self.boolean_masks = attention in masks.BOOLEAN_MASK_ATTENTION
         self.mask_dtype = dtype
         self.device = torch.device(device)
@@ -222,7 +231,7 @@ class SinkCache(Cache):
         sliding = occupancy.sliding_held[: self._decode_extent(sliding=True)] if self.sliding is not None else None
         full = occupancy.held[: self._decode_extent(sliding=False)]
         position_ids = occupancy.slot(POSITION).reshape(1, 1)
-        return StepInputs(position_ids, self._attention_masks(full, sliding))
+        return StepInputs(position_ids, self._masks(full, sliding))
 
     def decode_storage(self) -> DecodeStorage | None:
         """The open decode step's storage as one row, for a kernel that writes every layer itself; None outside
@@ -348,7 +357,7 @@ class SinkCache(Cache):
                 kept = sum(stop - start for start, stop in sliding_step.kept)
                 sliding = masks.banded_causal(kept, incoming, self.sliding.sliding_window, self.device)
         positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
-        return StepInputs(positions[None], self._attention_masks(full, sliding))
+        return StepInputs(positions[None], self._masks(full, sliding))
 
     def _plan_decode(self, label: int, token_id: int) -> None:
         """Plan a one-token step (room made) on the host, record it, send its slots and angles to the device."""
@@ -392,37 +401,10 @@ class SinkCache(Cache):
         used = {self._table_of[index] for index, layer in enumerate(self.layers) if isinstance(layer, SinkLayer)}
         return {index: self.tables[index].cos_sin(shift) for index in sorted(used)}
 
+    def _masks(self, full: torch.Tensor, sliding: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
+        return masks.for_layers(full, sliding, self.layer_types, self.boolean_masks, self.mask_dtype)
+
     def _decode_extent(self, sliding: bool) -> int:
         if sliding:
             return self.sliding.slots if self.static_extent else self.sliding.ring.extent
         return self.ledger.slots if self.static_extent else self.sinks + self.ledger.ring.extent
-
-    def _attention_masks(
-        self, full: torch.Tensor, sliding: torch.Tensor | None
-    ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """One 4D mask when every layer is of one kind, else one per layer type (the models with both take a dict)."""
-        if full.dim() == 1:
-            full = full[None]
-            sliding = sliding[None] if sliding is not None else None
-        full = masks.for_attention(full, self.boolean_masks, self.mask_dtype)
-        sliding = None if sliding is None else masks.for_attention(sliding, self.boolean_masks, self.mask_dtype)
-        return masks.per_layer_type(full, sliding, self.layer_types)
-
-    @staticmethod
-    def _own_window(spec: LayerSpec, window: int) -> bool:
-        # A sliding window no wider than ours is kept as trained. A wider one never binds
-        # inside our cache, so such a layer streams with sinks like a full-attention layer.
-        return spec.sliding_window is not None and spec.sliding_window <= window
-
-    def _tables(self, specs: Sequence[LayerSpec]) -> list[RotaryTable]:
-        tables: list[RotaryTable] = []
-        for spec in specs:
-            if not any(table.same_geometry(spec.inv_freq, spec.layout) for table in tables):
-                tables.append(RotaryTable(spec.inv_freq, spec.layout, self.ledger.max_shift))
-        return tables
-
-    def _layer(self, spec: LayerSpec, window: int) -> SinkLayer | SlidingLayer:
-        table = next(table for table in self.tables if table.same_geometry(spec.inv_freq, spec.layout))
-        if self._own_window(spec, window):
-            return SlidingLayer(self.sliding.slots, table)
-        return SinkLayer(self.ledger.sinks, self.ledger.ring.slots, table)

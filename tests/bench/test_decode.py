@@ -4,14 +4,10 @@ import csv
 import importlib.util
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from streamchat.bench import decode as bench
 from streamchat.bench.commands import bench_app
-from streamchat.placement.device import Accelerators
-from streamchat.placement.quantization import plan_quantization, quantize_model
-from tests.support.models import tiny_model
 
 DECODE_HEADER = [
     "engine",
@@ -102,29 +98,6 @@ def test_random_weights_decode_a_full_cache_without_a_tokenizer(tmp_path):
             "streamchat",
             "transformers generate() + StaticCache",
         ]
-
-
-def test_weight_bytes_count_what_a_step_reads():
-    model = tiny_model("llama")  # untied: the input embedding table is read one row at a time
-    embedding = model.get_input_embeddings().weight
-    everything = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    assert bench.weight_bytes_per_token(model) == everything - embedding.numel() * 4
-
-
-def test_quantized_weights_count_by_their_storage():
-    import copy
-
-    model = copy.deepcopy(tiny_model("llama", dtype=torch.bfloat16))
-    before = bench.weight_bytes_per_token(model)
-    quantize_model(model, plan_quantization("int8", "cpu", "bfloat16", Accelerators()))
-    after = bench.weight_bytes_per_token(model)
-    # int8 weights are half of bf16's bytes, plus one bf16 scale per output row.
-    assert 0.45 * before < after < 0.6 * before
-
-
-def test_kv_bytes_follow_the_config():
-    model = tiny_model("llama")  # 2 layers, 2 KV heads of 16 dims
-    assert bench.kv_bytes_per_token(model, context=100, element_bytes=2) == 2 * 2 * 2 * 16 * 100 * 2
 
 
 def test_checks_compare_the_rows_the_targets_name():

@@ -1,0 +1,82 @@
+"""The memory-bandwidth limit of a decode step: the bytes it must read, over the bytes per second the device reads.
+
+    limit_seconds = (weight_bytes_per_token(model) + kv_bytes_per_token(model, context, 2)) / measure_bandwidth(device)
+
+A decode step of one token reads every weight once (all but the input embedding table,
+of which it reads a row) and the keys and values of every cached token, so no decoder can
+be faster than those bytes at the device's bandwidth, measured on the spot with one large
+GEMV. llama.cpp's limit counts its GGUF file's tensors instead.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+# Bandwidth probe: a float32 matrix far larger than any CPU cache, read by one GEMV.
+BANDWIDTH_PROBE_BYTES = 512 * 2**20
+BANDWIDTH_PROBE_REPEATS = 5
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a timer around GPU work needs it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_bandwidth(device: torch.device) -> float:
+    """Bytes per second one large float32 GEMV reads on `device` (the best of a few)."""
+    columns = 4096
+    matrix = torch.rand(BANDWIDTH_PROBE_BYTES // 4 // columns, columns, device=device)
+    vector = torch.rand(columns, device=device)
+    best = float("inf")
+    for _ in range(BANDWIDTH_PROBE_REPEATS):
+        synchronize(device)
+        started = time.perf_counter()
+        torch.mv(matrix, vector)
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return matrix.numel() * matrix.element_size() / best
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer a decode step reads: all but the input embedding table.
+
+    Quantized tensors count by their storage (their inner tensors), not by their float shape.
+    """
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    tied = output is not None and getattr(output, "weight", None) is embedding
+    total = 0
+    seen: set[int] = set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in seen or (tensor is embedding and not tied):
+            continue
+        seen.add(id(tensor))
+        total += _storage_bytes(tensor)
+    return total
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is None or type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return tensor.numel() * tensor.element_size()
+    names, _ = flatten()
+    return sum(_storage_bytes(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
+
+
+def kv_bytes_per_token(model: torch.nn.Module, context: int, element_bytes: int) -> int:
+    """Bytes of keys and values one decode step reads over `context` cached tokens."""
+    config = model.config.get_text_config(decoder=True)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * context * element_bytes
+
+
+def gguf_bytes_per_token(gguf: Path) -> int:
+    """Bytes of a GGUF file's tensors: llama.cpp reads all of them per token (a tied output reads the table)."""
+    from gguf import GGUFReader
+
+    return sum(int(tensor.n_bytes) for tensor in GGUFReader(gguf).tensors)
