@@ -26,6 +26,7 @@ from streamchat import defaults
 from streamchat.bench import recall as bench
 from streamchat.interface.config import load_options, load_run_config
 from streamchat.loading import load_model
+from streamchat.measure.recall_facts import filler_questions, shipped_facts
 
 
 def main() -> None:
@@ -36,9 +37,9 @@ def main() -> None:
 
     loaded = load_model(load_options(load_run_config({})))
     sizes = bench.RecallSizes(**{**bench.FULL.__dict__, "window": arguments.window})
-    facts, distractors = bench.shipped_facts()
+    facts, distractors = shipped_facts()
     run = bench.RecallBench(loaded.model, loaded.tokenizer, sizes, on_step=lambda step: print(step, file=sys.stderr))
-    run.evict(facts[: sizes.facts], bench.filler_questions())
+    run.evict(facts[: sizes.facts], filler_questions())
     session = run.session
     evicted = session.cache_view().forgotten_messages
     print(f"{loaded.source.name}, window {sizes.window}: {len(session.transcript)} messages, {evicted} evicted")

@@ -221,11 +221,12 @@ def recall(
     Defaults: 10 facts, a 256-token window, filler until every fact has left it; time to first token at turn 100.
     """
     from streamchat.bench import recall as bench
+    from streamchat.measure.recall_facts import filler_questions, search_costs, shipped_facts
 
     def measure(sizes: bench.RecallSizes) -> Report:
-        shipped, distractors = bench.shipped_facts()
+        shipped, distractors = shipped_facts()
         chosen, distractors = shipped[: sizes.facts], distractors[: sizes.distractors]
-        questions = bench.filler_questions(filler)
+        questions = filler_questions(filler)
         loaded = ModelChoice(model, device, dtype, quantize).bench_model()
         run = bench.RecallBench(
             loaded.model, loaded.tokenizer, sizes, on_step=lambda step: stderr.print(step, highlight=False)
@@ -233,7 +234,8 @@ def recall(
         results, others = run.run(chosen, distractors, questions)
         replies = [message["content"] for message in run.session.transcript[1::2]][len(chosen) :] or ["Noted."]
         turn, ttft_off, ttft_on = run.time_to_first_token(chosen, questions, replies)
-        costs = bench.Costs(turn, ttft_off, ttft_on, bench.search_costs(chosen, questions, replies, sizes))
+        search = search_costs(chosen, questions, replies, sizes.search_turns, sizes.repeats)
+        costs = bench.Costs(turn, ttft_off, ttft_on, search)
         title = (
             f"Recall: {escape(loaded.name)}, {len(chosen)} facts through a {sizes.window}-token window, "
             "mean log-probability per answer token"

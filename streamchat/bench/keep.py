@@ -29,7 +29,6 @@ from streamchat import defaults
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import chunk_sizes
 from streamchat.cache.ledger import SMALLEST_WINDOW
-from streamchat.cache.snapshots import CacheSnapshot, release_snapshots
 from streamchat.conversation.kept_prefix import Keep, kept_tokens
 from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession, SessionOptions
@@ -37,6 +36,7 @@ from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.perplexity import answer_log_prob
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
 
@@ -117,7 +117,7 @@ def read_with(model: Any, tokenizer: Any, conversation: list[Message], keep: Kee
         user, reply = conversation[index], conversation[index + 1]
         _feed(model, cache, chat_format.prompt_ids(user["content"], first_turn=index == 0), device)
         _feed(model, cache, chat_format.reply_ids(reply["content"]), device)
-        log_probs.append(_probe(model, cache, question, answer, device))
+        log_probs.append(answer_log_prob(model, cache, question, answer, device))
     evicted = cache.stats().evicted
     return KeepRun(keep, cache.sinks, window, log_probs, evicted, time.perf_counter() - started)
 
@@ -128,21 +128,6 @@ def _feed(model: Any, cache: SinkCache, ids: list[int], device: torch.device) ->
     for size in chunk_sizes(len(ids), cache, defaults.PREFILL_CHUNK):
         forward(model, cache, torch.tensor([ids[start : start + size]], device=device))
         start += size
-
-
-def _probe(model: Any, cache: SinkCache, question: list[int], answer: list[int], device: torch.device) -> float:
-    """The answer's mean log-probability per token after the question, fed and then taken back."""
-    ids = question + answer
-    if len(ids) > cache.window:
-        raise ConfigError(f"--window {cache.window}: the probe needs {len(ids)} tokens in one pass; raise --window")
-    snapshot = CacheSnapshot.take(cache, reach=len(ids))
-    logits = forward(model, cache, torch.tensor([ids], device=device), all_logits=True).logits[0]  # [len(ids), vocab]
-    # The logits at position i predict token i + 1: those from the question's last token on predict the answer.
-    predicting = logits[len(question) - 1 : len(ids) - 1].double().log_softmax(dim=-1)
-    chosen = predicting.gather(1, torch.tensor(answer, device=predicting.device)[:, None])
-    snapshot.restore(cache)
-    release_snapshots(cache)
-    return chosen.mean().item()
 
 
 # ---- what the runs show ---------------------------------------------------------------------

@@ -15,25 +15,21 @@ off and on, side by side; and the search's time over an index of 10,000 evicted 
 
 from __future__ import annotations
 
-import json
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
-from streamchat.bench.keep import _probe
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.message import Message
-from streamchat.conversation.recall import RecallIndex
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.errors import ConfigError
 from streamchat.generation.events import Event, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.perplexity import answer_log_prob
+from streamchat.measure.recall_facts import Fact
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
 
@@ -82,14 +78,6 @@ QUICK = RecallSizes(
 
 
 @dataclass(frozen=True)
-class Fact:
-    statement: str
-    question: str
-    answer: str
-    key: str
-
-
-@dataclass(frozen=True)
 class Asked:
     """One question asked at one point of the conversation."""
 
@@ -122,29 +110,6 @@ class Costs:
     ttft_off: float  # median seconds
     ttft_on: float
     search: list[tuple[int, float, float]]  # (evicted turns, index build seconds, median search seconds)
-
-
-def shipped_facts() -> tuple[list[Fact], list[Fact]]:
-    """The facts and distractors streamchat ships (a distractor's key is its made-up answer's)."""
-    text = resources.files("streamchat").joinpath("data/recall_facts.json").read_text(encoding="utf-8")
-    data = json.loads(text)
-    facts = [Fact(**item) for item in data["facts"]]
-    distractors = [Fact("", item["question"], item["answer"], item["answer"]) for item in data["distractors"]]
-    return facts, distractors
-
-
-def filler_questions(shared: Path | None = None) -> list[str]:
-    """MT-bench's first-turn questions when `shared` (an MT-bench JSONL file) exists, else the shipped ones."""
-    if shared is not None and shared.is_file():
-        questions = []
-        for line in shared.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                turns = json.loads(line).get("turns") or []
-                questions.extend(turns[:1])
-        if questions:
-            return questions
-    text = resources.files("streamchat").joinpath("data/chat_questions.txt").read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 class RecallBench:
@@ -216,7 +181,7 @@ class RecallBench:
             for fact in facts:
                 prompt, note = session.next_prompt(fact.question)
                 answer = chat_format.reply_ids(fact.answer)[: -len(chat_format.end_of_turn_ids) or None]
-                probes[mode].append((_probe(self.model, session.cache, prompt, answer, self.device), note))
+                probes[mode].append((answer_log_prob(self.model, session.cache, prompt, answer, self.device), note))
         state = session.snapshot()
         asked: dict[str, list[Asked]] = {}
         for mode in modes:
@@ -265,30 +230,6 @@ class RecallBench:
 
     def _restore(self, state: ConversationState) -> None:
         _drain(self.session.restore(state))
-
-
-def search_costs(
-    facts: list[Fact], filler: list[str], replies: list[str], sizes: RecallSizes
-) -> list[tuple[int, float, float]]:
-    """(evicted turns, seconds to index them, median seconds of a search) for each size: each turn a filler question
-    and a reply, the facts among the first."""
-    costs = []
-    for turns in sizes.search_turns:
-        index = RecallIndex()
-        started = time.perf_counter()
-        for turn in range(turns):
-            user = facts[turn].statement if turn < len(facts) else filler[turn % len(filler)]
-            index.add(2 * turn, "user", user)
-            index.add(2 * turn + 1, "assistant", replies[turn % len(replies)])
-        built = time.perf_counter() - started
-        timings = []
-        for _ in range(max(3, sizes.repeats)):
-            for fact in facts:
-                started = time.perf_counter()
-                index.search(fact.question)
-                timings.append(time.perf_counter() - started)
-        costs.append((turns, built, statistics.median(timings)))
-    return costs
 
 
 def _drain(events: Iterator[Event]) -> None:

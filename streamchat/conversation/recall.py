@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from streamchat import defaults
+from streamchat.conversation.message import Message
 from streamchat.conversation.state import RecalledNote
 
 # BM25's usual constants: term frequency saturation and length normalisation.
@@ -183,6 +184,16 @@ def recall_note(
 def fed_text(user_text: str, note: RecalledNote | None) -> str:
     """The user's turn as the chat template renders it: the note, when there is one, before the message."""
     return user_text if note is None else f"{note.text}\n\n{user_text}"
+
+
+def fed_messages(messages: list[Message], recalled: dict[int, RecalledNote]) -> list[Message]:
+    """The messages as the cache reads them: each user message with the note recall read before it."""
+    return [
+        {"role": "user", "content": fed_text(message["content"], recalled.get(index))}
+        if message["role"] == "user"
+        else message
+        for index, message in enumerate(messages)
+    ]
 
 
 def turn_numbers(messages: Iterable[int]) -> list[int]:

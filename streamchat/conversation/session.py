@@ -35,7 +35,7 @@ from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
 from streamchat.conversation.message import Message
-from streamchat.conversation.recall import Passage, RecallIndex, fed_text, recall_note, turn_numbers
+from streamchat.conversation.recall import Passage, RecallIndex, fed_messages, fed_text, recall_note, turn_numbers
 from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import (
     SessionChanges,
@@ -200,7 +200,7 @@ class ChatSession:
         if messages == self.transcript and self.token_loop.is_whole():
             return iter(())
         recalled = {index: note for index, note in self.recalled.items() if index < len(messages)}
-        return self._replay(messages, self._feeds(self.chat_format, messages, recalled), recalled)
+        return self._replay(messages, self.chat_format.conversation_ids(fed_messages(messages, recalled)), recalled)
 
     def stop(self) -> None:
         """Ask the reply being generated to end after the current token (safe from a signal handler)."""
@@ -222,7 +222,7 @@ class ChatSession:
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
         chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
         recalled = dict(self.recalled)
-        feeds = self._feeds(chat_format, self.transcript, recalled)
+        feeds = chat_format.conversation_ids(fed_messages(self.transcript, recalled))
         self._use_format(chat_format)
         return self._replay(list(self.transcript), feeds, recalled)
 
@@ -267,7 +267,7 @@ class ChatSession:
         settings = self.settings.changed(generation_changes(changes))
         eviction, recall = changes.get("eviction", self.eviction), changes.get("recall", self.recall)
         chat_format = ChatFormat(self.tokenizer, system_prompt=state.system_prompt)
-        feeds = self._feeds(chat_format, state.messages, state.recalled)
+        feeds = chat_format.conversation_ids(fed_messages(state.messages, state.recalled))
         self._use_format(chat_format)
         self.settings, self.eviction, self.recall = settings, eviction, recall
         self.sampler = Sampler(settings.seed)
@@ -386,17 +386,6 @@ class ChatSession:
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    @staticmethod
-    def _feeds(chat_format: ChatFormat, messages: list[Message], recalled: dict[int, RecalledNote]) -> list[list[int]]:
-        """The tokens each message puts in the cache, the notes read before user messages included."""
-        fed = [
-            {"role": message["role"], "content": fed_text(message["content"], recalled.get(index))}
-            if message["role"] == "user"
-            else message
-            for index, message in enumerate(messages)
-        ]
-        return chat_format.conversation_ids(fed)
 
     # ---- helpers ---------------------------------------------------------------------------
 

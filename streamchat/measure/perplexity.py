@@ -3,6 +3,9 @@
 Every policy returns the NLL of tokens 1..n-1 (token 0 has no context), as a float64
 tensor, so running and final perplexities compare token for token. `on_scored`, if
 given, hears how many more tokens each forward pass scored (for a progress bar).
+
+answer_log_prob() scores one answer the same way, teacher-forced after a question, in a
+cache that is taken back after it (the keep and recall benchmarks' probe).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache import SinkCache, forward, prefill_chunks
+from streamchat.cache.snapshots import CacheSnapshot, release_snapshots
+from streamchat.errors import ConfigError
 
 OnScored = Callable[[int], None]
 
@@ -100,3 +105,21 @@ def recompute_nll(
             pieces.append(_nll(logits, ids[0, start:stop]))
             on_scored(count)
     return torch.cat(pieces)
+
+
+def answer_log_prob(
+    model: Any, cache: SinkCache, question: list[int], answer: list[int], device: torch.device
+) -> float:
+    """The answer's mean log-probability per token, teacher-forced after the question: both fed in one pass
+    (refused past the window) and then taken back, so the cache is as it was."""
+    ids = question + answer
+    if len(ids) > cache.window:
+        raise ConfigError(f"--window {cache.window}: the probe needs {len(ids)} tokens in one pass; raise --window")
+    snapshot = CacheSnapshot.take(cache, reach=len(ids))
+    logits = forward(model, cache, torch.tensor([ids], device=device), all_logits=True).logits[0]  # [len(ids), vocab]
+    # The logits at position i predict token i + 1: those from the question's last token on predict the answer.
+    predicting = logits[len(question) - 1 : len(ids) - 1].double().log_softmax(dim=-1)
+    chosen = predicting.gather(1, torch.tensor(answer, device=predicting.device)[:, None])
+    snapshot.restore(cache)
+    release_snapshots(cache)
+    return chosen.mean().item()

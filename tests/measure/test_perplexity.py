@@ -1,8 +1,12 @@
 """The per-token NLL of each policy, on a tiny model: where two policies must agree, they agree exactly."""
 
+import pytest
 import torch
 
-from streamchat.measure.perplexity import dense_nll, recompute_nll, streaming_nll
+from streamchat.cache import SinkCache, forward
+from streamchat.cache.snapshots import CacheSnapshot
+from streamchat.errors import ConfigError
+from streamchat.measure.perplexity import answer_log_prob, dense_nll, recompute_nll, streaming_nll
 from tests.support.models import VOCAB, tiny_model
 
 TOKENS = 96
@@ -56,3 +60,19 @@ def test_progress_hears_every_scored_token():
         counts: list[int] = []
         score(counts.append)
         assert sum(counts) == TOKENS - 1 and len(counts) > 1
+
+
+def test_an_answer_s_log_prob_is_its_mean_nll_after_the_question_and_the_cache_is_taken_back():
+    model, ids = tiny_model(), text_ids(3)[0].tolist()
+    context, question, answer = ids[:40], ids[40:50], ids[50:58]
+    cache = SinkCache.for_model(model, 4, 60)
+    forward(model, cache, torch.tensor([context]))
+    before, stats = CacheSnapshot.whole(cache).tensors(), cache.stats()
+    scored = answer_log_prob(model, cache, question, answer, torch.device("cpu"))
+    # Nothing was evicted yet: the same as the whole text read densely.
+    expected = -dense_nll(model, torch.tensor([context + question + answer]), chunk=58)[-len(answer) :].mean().item()
+    assert scored == pytest.approx(expected, abs=1e-5)
+    after = CacheSnapshot.whole(cache).tensors()
+    assert cache.stats() == stats and all(torch.equal(before[name], after[name]) for name in before)
+    with pytest.raises(ConfigError, match="raise --window"):
+        answer_log_prob(model, cache, ids[:40], ids[40:80], torch.device("cpu"))
