@@ -3,6 +3,7 @@
     DecodeRow(cache, token, token_id, label)   a reply's next token [1]: one row of the batched decode
     PromptChunk(cache, ids, label)              prompt tokens [1, n]: read into the cache in one piece
     Fed(logits, eviction)       the logits after the work's last token [1, 1, vocab], what it evicted
+    Decoding                    a reply decoding in the engine: its next work each step, what it makes of the outcome
 
 A conversation has at most one piece of work queued at a time: it needs the logits of
 one to know the next.
@@ -11,7 +12,7 @@ one to know the next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -57,11 +58,30 @@ class Fed(NamedTuple):
     eviction: Eviction | None
 
 
-class Ticket:
-    """Where a piece of work's outcome lands once a step ran it: Fed, or the failure of its step."""
+class Decoding(Protocol):
+    """A reply decoding in the engine's steps (streamchat.generation.engine_steps.DecodingReply): the engine asks
+    it for its next work at the start of each step (its token, drawn with its own settings and seed) and hands it
+    the outcome at the end (detokenized and checked for a stop there), until it ends."""
 
-    def __init__(self, work: Work) -> None:
+    cache: SinkCache
+
+    def next_work(self) -> Work | None:
+        """The work of its next token; None when the reply ends before it (a stop was asked for)."""
+
+    def advance(self, fed: Fed) -> bool:
+        """What the step made of its work; False when the reply ends there."""
+
+    def end(self, error: BaseException | None) -> None:
+        """The reply ended, or failed with `error` (its step's, or its own): the engine holds it no longer."""
+
+
+class Ticket:
+    """Where a piece of work's outcome lands once a step ran it: Fed, or the failure of its step; or, for a
+    decoding reply's work, the reply it goes on with."""
+
+    def __init__(self, work: Work, reply: Decoding | None = None) -> None:
         self.work = work
+        self.reply = reply
         self._outcome: Fed | BaseException | None = None
 
     @property

@@ -26,7 +26,7 @@ from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
 from streamchat.generation.decoder import Decoder, StepChannel
-from streamchat.generation.engine_steps import EngineSteps
+from streamchat.generation.engine_steps import DecodingReply, EngineSteps
 from streamchat.generation.events import (
     CacheOccupancy,
     Compiled,
@@ -150,25 +150,25 @@ class TokenLoop:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         self.decoder.start(logits, reply.settings, sampler, label=message)
         if self.engine is None:
-            yield from self._decode(reply, message, stop_ids)
+            yield from self._decode(reply, stop_ids)
             return
+        decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted)
         try:
-            yield from self._decode(reply, message, stop_ids)
+            with out_of_memory_reported(self.device, "generating"):
+                yield from self.engine.decode(decoding)
         finally:
             self.engine.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
 
-    def _decode(self, reply: Reply, message: int, stop_ids: frozenset[int]) -> Generator[Event, None, None]:
+    def _decode(self, reply: Reply, stop_ids: frozenset[int]) -> Generator[Event, None, None]:
+        """The decoder's own steps, outside the engine: what DecodingReply does in the engine's (engine_steps.py)."""
         settings = reply.settings
         while True:
-            compiling = self.engine is None and self.decoder.will_compile and not self.stop_requested
+            compiling = self.decoder.will_compile and not self.stop_requested
             if compiling:
                 yield Compiling()
             with out_of_memory_reported(self.device, "generating"):
                 # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
-                if self.engine is None:
-                    decoded = self.decoder.next(self.stop_requested)
-                else:
-                    decoded = yield from self.engine.next(self.decoder, self.stop_requested)
+                decoded = self.decoder.next(self.stop_requested)
             if decoded is None:
                 break
             if compiling and self.decoder.compile_seconds is not None:

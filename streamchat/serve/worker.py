@@ -1,12 +1,13 @@
 """The one thread that owns the model: it runs every request's turn, a step of each in turn.
 
 Requests hand it their turns (streamchat.serve.turn). Each round it moves every turn on to
-its next forward pass (a prompt chunk, a replayed message, a reply token), which it queues
-in the engine, then runs the engine's step (streamchat.engine): every reply's next token and
-the prompt chunks a token budget allows, in one forward pass, so concurrent replies cost
-little more than one, and a new message is read in the pass that decodes the others. Each
-item a turn yields goes
-to its request through `deliver` (the request's asyncio queue, via call_soon_threadsafe).
+the point where it waits for the engine (a prompt chunk or a replayed message queued, a
+reply's text of the last step handed on), then runs the engine's step (streamchat.engine):
+every reply's next token drawn, the prompt chunks a token budget allows, one forward pass,
+each reply's token detokenized and checked for a stop. Concurrent replies cost little more
+than one, and a new message is read in the pass that decodes the others. Each item a turn
+yields goes to its request through `deliver` (the request's asyncio queue, via
+call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
 (the request gets 429). A turn whose client left while it waited for a live session ends
 there. Closing stops every reply, lets each turn journal what it said, then parks every live

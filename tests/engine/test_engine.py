@@ -1,4 +1,4 @@
-"""The engine's step: schedule, one pass, every ticket settled; a failure reaches every ticket of its step."""
+"""The engine's step: draw, schedule, one pass, settle; a failure reaches every reply and ticket of its step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.engine.engine import Engine
-from streamchat.engine.work import DecodeRow, PromptChunk
+from streamchat.engine.work import DecodeRow, Fed, PromptChunk
 from streamchat.errors import CacheStateError
 from tests.support.models import VOCAB, tiny_model
 
@@ -78,3 +78,74 @@ def test_work_withdrawn_or_left_behind_is_never_fed():
     engine.step()
     assert not withdrawn.done and not left.done
     assert withdrawn_cache.stats().seen == 0 and leaving.stats().seen == 10
+
+
+class ScriptedReply:
+    """A Decoding (engine/work.py) that feeds `tokens` one per step, recording what the engine asked and told it."""
+
+    def __init__(self, cache: SinkCache, tokens: list[int], fail_at: int | None = None) -> None:
+        self.cache, self.tokens, self.fail_at = cache, tokens, fail_at
+        self.drawn: list[int] = []
+        self.fed: list[Fed] = []
+        self.stop = False
+        self.ended: tuple[BaseException | None] | None = None
+
+    def next_work(self):
+        if self.stop:
+            return None
+        if len(self.drawn) == self.fail_at:
+            raise RuntimeError("the sampler failed")
+        self.drawn.append(self.tokens[len(self.drawn)])
+        return DecodeRow(self.cache, torch.tensor([self.drawn[-1]]), self.drawn[-1])
+
+    def advance(self, fed: Fed) -> bool:
+        self.fed.append(fed)
+        return len(self.fed) < len(self.tokens)
+
+    def end(self, error: BaseException | None) -> None:
+        self.ended = (error,)
+
+
+def test_replies_draw_at_each_step_and_each_leaves_the_pool_in_the_step_it_ends():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    short, long = ScriptedReply(read(model, 4, 10), [5, 6]), ScriptedReply(read(model, 4, 12), [7, 8, 9, 10])
+    for reply in (short, long):
+        engine.submit(reply)
+    engine.step()
+    assert engine.runner.members == [short.cache, long.cache] and short.drawn == [5] and short.ended is None
+    engine.step()
+    assert short.ended == (None,) and engine.runner.members == []  # the last one decodes alone again
+    while engine.has_work():
+        engine.step()
+    assert long.ended == (None,) and long.drawn == [7, 8, 9, 10] and len(long.fed) == 4
+    assert short.cache.stats().seen == 12 and long.cache.stats().seen == 16
+    assert (engine.steps, engine.rows_fed) == (4, 6)
+
+
+def test_a_stop_asked_between_steps_ends_a_reply_before_another_token_is_drawn():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    reply = ScriptedReply(read(model, 4, 10), [5, 6, 7])
+    engine.submit(reply)
+    engine.step()
+    reply.stop = True
+    assert engine.step() is False  # nothing left to run
+    assert reply.ended == (None,) and reply.drawn == [5] and reply.cache.stats().seen == 11
+    assert not engine.has_work()
+
+
+def test_a_reply_whose_draw_or_pass_fails_ends_with_the_failure_and_the_others_go_on():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    failing, going_on = ScriptedReply(read(model, 4, 10), [5, 6], fail_at=1), ScriptedReply(read(model, 4, 10), [5, 6])
+    for reply in (failing, going_on):
+        engine.submit(reply)
+    engine.step()
+    engine.step()
+    assert isinstance(failing.ended[0], RuntimeError) and failing.drawn == [5]
+    assert going_on.ended == (None,) and len(going_on.fed) == 2
+    torn = ScriptedReply(SinkCache.for_model(model, 4, 40), [5])  # sinks not filled: it cannot be a decode row
+    engine.submit(torn)
+    engine.step()
+    assert isinstance(torn.ended[0], CacheStateError) and not engine.has_work()

@@ -4,7 +4,6 @@ sampling."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Generator
 from dataclasses import replace
 
 import pytest
@@ -13,9 +12,9 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.engine import Engine
+from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import EngineSteps
-from streamchat.generation.events import StepQueued
+from streamchat.generation.events import StepQueued, TextDelta
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
@@ -40,33 +39,35 @@ class Conversation:
         self.decoder = Decoder(model, self.cache, vocab_size=VOCAB)
         self.decoder.start(forward(model, self.cache, ids).logits, settings, Sampler(seed=seed))
         self.tokens: list[int] = []
+        self.ended = False
 
     def alone(self) -> list[int]:
         return [self.decoder.next().token for _ in range(self.count)]
 
-    def in_engine(self, steps: EngineSteps) -> Generator[StepQueued, None, None]:
-        try:
-            for _ in range(self.count):
-                decoded = yield from steps.next(self.decoder)
-                self.tokens.append(decoded.token)
-        finally:
-            steps.leave(self.decoder)
+    # ---- a Decoding of the engine's (engine/work.py): `count` tokens, drawn and fed as a reply's are ----
+
+    def next_work(self) -> DecodeRow:
+        settled = self.decoder.draw()
+        self.decoder.checkpoint()
+        self.tokens.append(settled.token)
+        return DecodeRow(self.cache, settled.on_device, settled.token)
+
+    def advance(self, fed: Fed) -> bool:
+        self.decoder.fed(fed.logits)
+        return len(self.tokens) < self.count
+
+    def end(self, error: BaseException | None) -> None:
+        assert error is None
+        self.ended = True
 
 
 def run_rounds(engine: Engine, conversations: list[Conversation]) -> int:
-    """The server's worker in small: each round, every reply up to its next token, then the engine's step;
-    the most rows one step fed."""
-    steps = EngineSteps(engine)
-    running, waiting, widest = [], sorted(conversations, key=lambda c: c.joins), 0
-    rounds = 0
-    while running or waiting:
+    """Replies joining at their round, each decoding in the engine's steps until it ends; the most rows one step
+    fed."""
+    waiting, widest, rounds = sorted(conversations, key=lambda c: c.joins), 0, 0
+    while waiting or not all(conversation.ended for conversation in conversations):
         while waiting and waiting[0].joins <= rounds:
-            running.append(waiting.pop(0).in_engine(steps))
-        for reply in list(running):
-            try:
-                next(reply)
-            except StopIteration:
-                running.remove(reply)
+            engine.submit(waiting.pop(0))
         if engine.has_work():
             fed = engine.rows_fed
             engine.step()
@@ -195,6 +196,18 @@ def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_noth
         assert [e.text for e in theirs if hasattr(e, "text")] == [e.text for e in mine if hasattr(e, "text")]
     assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
     assert engine.steps > 0 and engine.runner.members == []  # every step ran through the engine, one row
+
+    def stopped_after_three_deltas(session: ChatSession) -> str:
+        deltas, finished = 0, None
+        for event in session.chat("Tell me more, at length."):
+            deltas += isinstance(event, TextDelta)
+            if deltas == 3:
+                session.stop()  # a Ctrl-C: heeded before the next token is drawn
+            finished = event
+        return finished.stats.stop_reason
+
+    assert stopped_after_three_deltas(driven) == stopped_after_three_deltas(alone) == "interrupted"
+    assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
 
 
 class _Leader:
