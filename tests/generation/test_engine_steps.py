@@ -18,6 +18,7 @@ from streamchat.generation.events import StepQueued, TextDelta
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
+from tests.distributed.test_follower import Recorder, Replayer
 from tests.support.models import VOCAB, tiny_model
 
 WINDOW = 48
@@ -210,38 +211,6 @@ def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_noth
     assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
 
 
-class _Leader:
-    """Rank 0's channel under --tp: it draws; every step it shares is recorded for the other rank."""
-
-    leads = True
-
-    def __init__(self):
-        self.steps = []
-
-    def share_token(self, token):
-        self.steps.append(token)
-        return token
-
-    def agree_stop(self, requested):
-        self.steps.append(requested)
-        return requested
-
-
-class _Follower:
-    """Another rank's channel: told rank 0's steps, in order."""
-
-    leads = False
-
-    def __init__(self, steps):
-        self._steps = iter(steps)
-
-    def share_token(self, token):
-        return next(self._steps)
-
-    def agree_stop(self, requested):
-        return next(self._steps)
-
-
 def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens():
     from streamchat.conversation.session import ChatSession, SessionOptions
     from tests.support.tokenizers import byte_level_tokenizer
@@ -255,7 +224,7 @@ def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens(
         return ChatSession(model, byte_level_tokenizer(), options)
 
     questions = ["Hello there.", "And then what happened?"]
-    alone, leader_channel = session(None), _Leader()
+    alone, leader_channel = session(None), Recorder()
     leader = session(leader_channel)
     leader.run_in(Engine(model), drives=True)
     for question in questions:
@@ -263,7 +232,7 @@ def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens(
         list(leader.chat(question))
     assert leader.transcript == alone.transcript  # the leader draws as a run without ranks does
     follower_engine = Engine(model)
-    follower = session(_Follower(leader_channel.steps), seed=5)  # a follower never draws: its seed is moot
+    follower = session(Replayer(leader_channel.steps), seed=5)  # a follower never draws: its seed is moot
     follower.run_in(follower_engine, drives=True)
     for question in questions:
         list(follower.chat(question))
