@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,30 +50,37 @@ class ChatApp:
 
     def run(self, resume: Path | None = None) -> int:
         """Chat until the user leaves; first go on with the conversation saved at `resume`, if given."""
+        # Under --tp a Ctrl-C only ever stops a reply: the second of two quick presses, landing after the reply
+        # stopped (while its journal is written, before the prompt is up), must not end the run.
+        between_turns = nullcontext() if self.abandon_on_second_interrupt else _interrupts_ignored()
         try:
-            if resume is not None:
-                self.load(resume)
-                self.record()
-            while (line := self.prompter.read()) is not None:
-                try:
-                    item = commands.parse_line(line)
-                    if isinstance(item, commands.Message):
-                        if item.text.strip():
-                            self.journal.record_user(self.session.snapshot(tensors=False), item.text)
-                            self.turn(self.session.chat(item.text))
-                    elif self.command(item) is commands.Quit:
-                        break
-                except RankLostError:
-                    raise
-                except StreamchatError as error:
-                    self.display.error(str(error))
-                finally:
-                    # Whatever the line did to the conversation goes to its session file now.
-                    self.record()
+            with between_turns:
+                self._converse(resume)
         finally:
             # However the chat ends (Ctrl-C while the cache is rebuilt, SIGTERM, a bug), say where it is.
             self.goodbye()
         return 0
+
+    def _converse(self, resume: Path | None) -> None:
+        if resume is not None:
+            self.load(resume)
+            self.record()
+        while (line := self.prompter.read()) is not None:
+            try:
+                item = commands.parse_line(line)
+                if isinstance(item, commands.Message):
+                    if item.text.strip():
+                        self.journal.record_user(self.session.snapshot(tensors=False), item.text)
+                        self.turn(self.session.chat(item.text))
+                elif self.command(item) is commands.Quit:
+                    break
+            except RankLostError:
+                raise
+            except StreamchatError as error:
+                self.display.error(str(error))
+            finally:
+                # Whatever the line did to the conversation goes to its session file now.
+                self.record()
 
     def record(self) -> None:
         self.journal.record(self.session.snapshot(tensors=False), self._stop_reason)
@@ -251,6 +258,16 @@ def _stop_on_interrupt(session: Conversation, abandon: bool = True) -> Iterator[
         session.stop()
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """Within the block, SIGINT does nothing (a turn's own handler, and the prompt's, still take it in theirs)."""
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         yield
     finally:

@@ -516,3 +516,16 @@ def test_a_session_file_that_cannot_be_written_is_said_once_and_the_chat_goes_on
         f"2 turns · 45 tokens streamed · 17 evicted · {failure}",
         "",
     ]
+
+
+def test_under_tp_an_interrupt_between_turns_does_nothing_and_the_handler_is_put_back():
+    import os
+    import signal
+
+    from streamchat.app.chat import _interrupts_ignored
+
+    before = signal.getsignal(signal.SIGINT)
+    with _interrupts_ignored():
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: nothing happens
+        handled_here = True
+    assert handled_here and signal.getsignal(signal.SIGINT) is before
