@@ -35,7 +35,8 @@ from streamchat.generation.reply import Reply
 
 
 class DecodingReply:
-    """A reply decoded in the engine's steps (engine/work.py: Decoding): draw, feed, detokenize, stop."""
+    """A reply being decoded: what each token fed means for it (settle), and, in the engine's steps
+    (engine/work.py: Decoding), its next token drawn and its step's outcome."""
 
     def __init__(
         self,
@@ -69,16 +70,22 @@ class DecodingReply:
         return PromptChunk(cache, settled.on_device.reshape(1, 1), label)
 
     def advance(self, fed: Fed) -> bool:
-        """The token fed: its text and eviction said, or taken back where it ends the reply; False at the end."""
+        """The step fed its token: the logits the next one is drawn from, and what the token means; False at
+        the end."""
         self.decoder.fed(fed.logits)
-        if self._token in self.stop_ids:  # fed as a guess; it ends the reply without belonging in the cache
+        return self.settle(self._token, fed.eviction)
+
+    def settle(self, token: int, eviction: Eviction | None) -> bool:
+        """`token` was fed (making room evicted `eviction`): its text and eviction said, or taken back where it
+        ends the reply; False when the reply ends there."""
+        if token in self.stop_ids:  # fed as a guess; it ends the reply without belonging in the cache
             self.decoder.take_back()
             self.reply.reason = "eos"
             return False
-        if delta := self.reply.add(self._token):
+        if delta := self.reply.add(token):
             self.events.append(TextDelta(delta))
-        if fed.eviction is not None:
-            self.events.append(self._evicted(fed.eviction))
+        if eviction is not None:
+            self.events.append(self._evicted(eviction))
         if self.reply.reason == "stop_string" or len(self.reply.ids) >= self.reply.settings.max_new_tokens:
             return False
         self.events.append(CacheOccupancy(self.cache.stats(), self.reply.decode_speed()))

@@ -35,7 +35,6 @@ from streamchat.generation.events import (
     Evicted,
     PromptSkipped,
     PromptTruncated,
-    TextDelta,
 )
 from streamchat.generation.out_of_memory import out_of_memory_reported
 from streamchat.generation.prompt_reading import (
@@ -149,19 +148,18 @@ class TokenLoop:
     ) -> Generator[Event, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         self.decoder.start(logits, reply.settings, sampler, label=message)
-        if self.engine is None:
-            yield from self._decode(reply, stop_ids)
-            return
         decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted)
+        if self.engine is None:
+            yield from self._decode(decoding)
+            return
         try:
             with out_of_memory_reported(self.device, "generating"):
                 yield from self.engine.decode(decoding)
         finally:
             self.engine.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
 
-    def _decode(self, reply: Reply, stop_ids: frozenset[int]) -> Generator[Event, None, None]:
-        """The decoder's own steps, outside the engine: what DecodingReply does in the engine's (engine_steps.py)."""
-        settings = reply.settings
+    def _decode(self, decoding: DecodingReply) -> Generator[Event, None, None]:
+        """The decoder's own steps, outside the engine; each token settled as the engine settles it."""
         while True:
             compiling = self.decoder.will_compile and not self.stop_requested
             if compiling:
@@ -173,20 +171,11 @@ class TokenLoop:
                 break
             if compiling and self.decoder.compile_seconds is not None:
                 yield Compiled(self.decoder.compile_seconds)
-            if decoded.token in stop_ids:
-                self.decoder.take_back()
-                reply.reason = "eos"
+            goes_on = decoding.settle(decoded.token, decoded.eviction)
+            yield from decoding.said()
+            if not goes_on:
                 return
-            delta = reply.add(decoded.token)
-            evicted = self._evicted(decoded.eviction) if decoded.eviction is not None else None
-            if delta:
-                yield TextDelta(delta)
-            if evicted is not None:
-                yield evicted
-            if reply.reason == "stop_string" or len(reply.ids) >= settings.max_new_tokens:
-                return
-            yield CacheOccupancy(self.cache.stats(), reply.decode_speed())
-        reply.reason = "interrupted"
+        decoding.reply.reason = "interrupted"
 
     def feed(self, token_ids: list[int], message: int) -> Generator[Event, None, torch.Tensor | None]:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
