@@ -11,6 +11,7 @@ slot and rotation are device tensors (one token, fixed shapes: compilable).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
@@ -60,7 +61,7 @@ def keeps_own_window(spec: LayerSpec, window: int) -> bool:
 
 
 def build_layers(
-    specs: list[LayerSpec], window: int, sinks: int, ring_slots: int, sliding_slots: int, max_shift: int
+    specs: Sequence[LayerSpec], window: int, sinks: int, ring_slots: int, sliding_slots: int, max_shift: int
 ) -> tuple[list[SinkLayer | SlidingLayer], list[RotaryTable]]:
     """A layer for each spec in a cache of `window` recent tokens, and the rotary tables they share: one per
     geometry, up to `max_shift`."""

@@ -66,7 +66,7 @@ class CacheSnapshot:
         if cache.ledger.rebase_due:
             cache.rebase()
         if reach == 0:
-            return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None)
+            return cls(*_copies(cache.ledger, cache.sliding))
         ring, sinks = cache.ledger.ring, cache.sinks
         saves_all = reach >= ring.slots
         runs = ring.runs(0, ring.slots) if saves_all else ring.runs(ring.next_slot, reach)
@@ -84,9 +84,7 @@ class CacheSnapshot:
     @torch.inference_mode()
     def whole(cls, cache: SinkCache) -> CacheSnapshot:
         """Everything the cache holds: every slot written at least once."""
-        index = torch.arange(cache.sinks + cache.ledger.ring.extent, device=cache.device)
-        sliding_index = None if cache.sliding is None else torch.arange(cache.sliding.ring.extent, device=cache.device)
-        return cls._with_slots(cache, index, sliding_index, every=True)
+        return cls._with_slots(cache, *_written_slots(cache.ledger, cache.sliding, cache.device), every=True)
 
     @classmethod
     def _with_slots(
@@ -102,15 +100,14 @@ class CacheSnapshot:
             pristine.append(layer.pristine_sinks.clone() if isinstance(layer, SinkLayer) else None)
         token_ids = cache.occupancy.token_ids.clone()
         slots = SavedSlots(index, sliding_index, layers, pristine, token_ids, cache.record.copy(), every)
-        return cls(cache.ledger.copy(), cache.sliding.copy() if cache.sliding else None, slots)
+        return cls(*_copies(cache.ledger, cache.sliding), slots)
 
     @torch.inference_mode()
     def restore(self, cache: SinkCache) -> None:
         """Return `cache` to the moment taken: exact, as nothing since overwrote a slot the snapshot did not save."""
         if self.slots is not None:
             _write_slots(cache, self.slots)
-        cache.ledger = self.ledger.copy()
-        cache.sliding = self.sliding.copy() if self.sliding else None
+        cache.ledger, cache.sliding = _copies(self.ledger, self.sliding)
         cache.settle()
 
     @property
@@ -149,8 +146,7 @@ class CacheSnapshot:
         caller's to put back after restore() (SinkCache.restore_held), as a conversation saves them beside.
         """
         ledger, sliding = _ledgers(state["ledger"].tolist(), cache)
-        index = torch.arange(cache.sinks + ledger.ring.extent, device=cache.device)
-        sliding_index = None if sliding is None else torch.arange(sliding.ring.extent, device=cache.device)
+        index, sliding_index = _written_slots(ledger, sliding, cache.device)
         layers, pristine = [], []
         for number, layer in enumerate(cache.layers):
             keys = state.get(f"layers.{number}.keys")
@@ -174,6 +170,18 @@ class CacheSnapshot:
 def release_snapshots(cache: SinkCache) -> None:
     """No snapshot of some slots will be restored any more: rebases may run again."""
     cache.ledger.rebase_held = False
+
+
+def _copies(ledger: StreamLedger, sliding: SlidingLedger | None) -> tuple[StreamLedger, SlidingLedger | None]:
+    return ledger.copy(), sliding.copy() if sliding else None
+
+
+def _written_slots(
+    ledger: StreamLedger, sliding: SlidingLedger | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The slots written at least once, of the sink layers [sinks + extent] and of the sliding ones."""
+    index = torch.arange(ledger.sinks + ledger.ring.extent, device=device)
+    return index, None if sliding is None else torch.arange(sliding.ring.extent, device=device)
 
 
 def _write_slots(cache: SinkCache, slots: SavedSlots) -> None:

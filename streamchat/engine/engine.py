@@ -82,12 +82,12 @@ class Engine:
             outcomes: list[Fed | BaseException] = list(self.runner.run(scheduled))
         except Exception as error:
             outcomes = [error] * len(tickets)
-        for ticket, outcome in zip(tickets, outcomes, strict=True):
-            self._settle(ticket, outcome)
-        if not isinstance(outcomes[0], BaseException):
+        else:
             self.steps += 1
             self.rows_fed += len(scheduled.rows)
             self.chunk_tokens += sum(ticket.work.tokens for ticket in scheduled.chunks)
+        for ticket, outcome in zip(tickets, outcomes, strict=True):
+            self._settle(ticket, outcome)
         return True
 
     def leave(self, cache: SinkCache) -> None:
