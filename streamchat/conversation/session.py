@@ -135,7 +135,8 @@ class ChatSession:
     def run_in(self, engine: Engine | None, drives: bool = False) -> None:
         """Take every forward pass in `engine`'s steps, together with other sessions' over the same model
         (None: through the decoder's own step); `drives`: the engine is this session's alone, and it runs
-        the steps itself."""
+        the steps itself. Otherwise its moves also yield Waiting (generation/engine_steps.py), for whoever
+        runs the steps."""
         self.token_loop.engine = None if engine is None else EngineSteps(engine, drives)
 
     def cache_stats(self) -> CacheStats:

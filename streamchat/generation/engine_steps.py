@@ -3,24 +3,27 @@
     steps = EngineSteps(engine)
     # in the conversation's token loop, when its session runs in the engine (streamchat serve):
     reply = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
-    yield from steps.decode(reply)                  # its events, a step's worth at a time
-    fed = yield from steps.read(cache, ids, label)  # a prompt chunk: StepQueued until the step that read it ran
+    yield from steps.decode(reply)                  # Waiting(reply) until it ended, then what it said last
+    fed = yield from steps.read(cache, ids, label)  # a prompt chunk: Waiting() until the step that read it ran
     steps.leave(decoder)                            # its turn ended, or was abandoned
-    # whoever drives the conversations (the server's worker), after each round:
-    engine.step()
+    # whoever drives the conversations (the server's worker), each round:
+    engine.step()                                   # then each reply's events: reply.said()
 
 A decoding reply is the engine's to step (streamchat.engine): at the start of each step it
 draws its token from its own logits, with its own settings and seeded sampler, exactly as
 its Decoder does alone; at the end it reads the logits the step gave, detokenizes the
-token and checks it for a stop. Its events wait in it until its conversation hands them on.
-A conversation yields StepQueued while it waits for a step, so whoever drives it can move
-every other conversation on before the step. A conversation that has the engine to itself
-(`drives`: the chat, a piped run) runs the step itself instead, and yields nothing.
+token and checks it for a stop. Its events wait in it: whoever drives the engine takes them
+after each step, and resumes the conversation only once the reply ended, so a token's text
+reaches its client without passing through the conversation's turn. A conversation yields
+Waiting, not an event, while it waits for a step. A conversation that has
+the engine to itself (`drives`: the chat, a piped run) runs the steps itself instead, yields
+its reply's events after each and never Waiting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +33,7 @@ from streamchat.engine.engine import Engine
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
 from streamchat.errors import CacheStateError
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.events import CacheOccupancy, Event, Evicted, StepQueued, TextDelta
+from streamchat.generation.events import CacheOccupancy, Event, Evicted, TextDelta
 from streamchat.generation.reply import Reply
 
 
@@ -95,11 +98,18 @@ class DecodingReply:
         self.ended, self.error = True, error
 
     def said(self) -> list[Event]:
-        """The events since the last call; raises the failure that ended the reply, if one did."""
-        if self.error is not None:
-            raise self.error
+        """The events since the last call (whoever takes them: the conversation, or the engine's driver)."""
         events, self.events = self.events, []
         return events
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A conversation sharing the engine waits for a step: whoever drives the engine moves the others on, then
+    runs it. With `reply`, it waits for that reply to end, however many steps that takes: the reply's events
+    wait in it after each step, for the driver to hand on (or for the conversation, resumed early, to yield)."""
+
+    reply: DecodingReply | None = None
 
 
 class EngineSteps:
@@ -109,20 +119,30 @@ class EngineSteps:
         self.engine = engine
         self.drives = drives  # the engine is this conversation's alone: it runs each step as its work is queued
 
-    def decode(self, reply: DecodingReply) -> Generator[Event, None, None]:
-        """Decode `reply` in the engine's steps until it ends; its events after each step (StepQueued between)."""
+    def decode(self, reply: DecodingReply) -> Generator[Event | Waiting, None, None]:
+        """Decode `reply` in the engine's steps until it ends: its events after each step it runs itself, or
+        Waiting(reply) while another drives the steps (and takes the events); what is left after it ended. Raises
+        what ended it, when a failure did (its draw's, its step's)."""
         self.engine.submit(reply)
         while not reply.ended:
-            yield from self._next_step(lambda: reply.ended)
+            if self.drives:
+                self._run_step(lambda: reply.ended)
+            else:
+                yield Waiting(reply)
             yield from reply.said()
+        if reply.error is not None:
+            raise reply.error
 
-    def read(self, cache: SinkCache, ids: torch.Tensor, label: int) -> Generator[StepQueued, None, Fed]:
+    def read(self, cache: SinkCache, ids: torch.Tensor, label: int) -> Generator[Waiting, None, Fed]:
         """Read prompt tokens ids [1, n] into `cache` in one step's pass, recorded with `label`; the logits after
         them."""
         ticket = self.engine.queue(PromptChunk(cache, ids, label))
         try:
             while not ticket.done:
-                yield from self._next_step(lambda: ticket.done)
+                if self.drives:
+                    self._run_step(lambda: ticket.done)
+                else:
+                    yield Waiting()
         finally:
             if not ticket.done:  # abandoned while queued (or interrupted): no step may feed it behind its back
                 self.engine.withdraw(ticket)
@@ -132,10 +152,8 @@ class EngineSteps:
         """`decoder`'s reply ended (or its turn was abandoned): its row leaves the pool, between steps."""
         self.engine.leave(decoder.cache)
 
-    def _next_step(self, done: Callable[[], bool]) -> Generator[StepQueued, None, None]:
-        """Until the engine's next step ran: whoever drives the conversations runs it, or this one does (a step
-        that runs nothing is fine when the wait is over: a reply stopped before its token was drawn)."""
-        if not self.drives:
-            yield StepQueued()
-        elif not self.engine.step() and not done():
+    def _run_step(self, done: Callable[[], bool]) -> None:
+        """Run the engine's next step, this conversation's alone (one that runs nothing is fine when the wait is
+        over: a reply stopped before its token was drawn)."""
+        if not self.engine.step() and not done():
             raise CacheStateError("the engine's step ran nothing: is another conversation using it?")

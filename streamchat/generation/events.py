@@ -129,12 +129,6 @@ class Compiled:
 
 
 @dataclass(frozen=True)
-class StepQueued:
-    """The conversation's next forward pass waits for the engine's step, shared with other conversations'
-    (streamchat serve): whoever drives the conversation moves the others on, then runs the step."""
-
-
-@dataclass(frozen=True)
 class Replayed:
     """A transcript was fed through the cache (after /load or a new system prompt)."""
 
@@ -159,7 +153,6 @@ class NotResumed:
 
 Event = (
     TextDelta
-    | StepQueued
     | Evicted
     | PromptTruncated
     | PromptSkipped

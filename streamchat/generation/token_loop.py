@@ -26,7 +26,7 @@ from streamchat.cache.feeding import chunk_sizes, forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
 from streamchat.generation.decoder import Decoder, StepChannel
-from streamchat.generation.engine_steps import DecodingReply, EngineSteps
+from streamchat.generation.engine_steps import DecodingReply, EngineSteps, Waiting
 from streamchat.generation.events import (
     CacheOccupancy,
     Compiled,
@@ -121,7 +121,7 @@ class TokenLoop:
 
     def prefill(
         self, prompt: list[int], message: int, read_all: bool, reply_room: int | None
-    ) -> Generator[Event, None, Prefilled]:
+    ) -> Generator[Event | Waiting, None, Prefilled]:
         """Read the prompt of transcript message `message`; a long one as a replay reads a
         conversation (streamchat.generation.prompt_reading) unless `read_all`. With `reply_room`,
         room is made at once for the prompt and that many reply tokens (the paper's per-turn policy)."""
@@ -145,7 +145,7 @@ class TokenLoop:
 
     def decode(
         self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
-    ) -> Generator[Event, None, None]:
+    ) -> Generator[Event | Waiting, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         self.decoder.start(logits, reply.settings, sampler, label=message)
         decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted)
@@ -177,7 +177,7 @@ class TokenLoop:
                 return
         decoding.reply.reason = "interrupted"
 
-    def feed(self, token_ids: list[int], message: int) -> Generator[Event, None, torch.Tensor | None]:
+    def feed(self, token_ids: list[int], message: int) -> Generator[Event | Waiting, None, torch.Tensor | None]:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
         logits = None
         start = 0
@@ -204,7 +204,7 @@ class TokenLoop:
 
     def replay_message(
         self, ids: list[int], start: int, total: int, message: int, progress: ReadingProgress
-    ) -> Generator[Event, None, None]:
+    ) -> Generator[Event | Waiting, None, None]:
         """Feed message `message`, at stream position `start` of a replay `total` tokens long: only what
         falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again.
         Each forward pass is followed by the replay's `progress` and the cache's occupancy."""
@@ -223,7 +223,7 @@ class TokenLoop:
 
     def _read_prompt(
         self, head: list[int], tail: list[int], skipped: int, message: int
-    ) -> Generator[Event, None, tuple[torch.Tensor, int]]:
+    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor, int]]:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
         (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
         progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))

@@ -1,7 +1,7 @@
 """One request's turn, run step by step on the worker: find the conversation, make it live, answer.
 
     turn = Turn(pool, request, named=None)
-    for item in turn.run():     # Started, Delta..., Finished; Step markers between them
+    for item in turn.run():     # Started, Delta..., Finished; Step and Waiting markers between them
         ...
 
 A request naming a conversation (`named`) sends only its new message. Otherwise its
@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
 from streamchat.conversation.message import Message
+from streamchat.conversation.session import ChatSession
 from streamchat.errors import ConfigError
+from streamchat.generation.engine_steps import Waiting
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -76,6 +78,7 @@ class Turn:
         self.named = named
         self.stopped = False
         self.told: str | None = None  # when the client left mid-reply: the reply's text it was sent
+        self._session: ChatSession | None = None  # the one answering, once the turn has one (heed_stop's)
 
     def stop(self, told: str | None = None) -> None:
         """End the reply within a step (safe from any thread: the worker reads the flag); `told`: the client
@@ -83,7 +86,13 @@ class Turn:
         self.told = told
         self.stopped = True
 
-    def run(self) -> Iterator[Item | Step]:
+    def heed_stop(self) -> None:
+        """On the worker, while the reply decodes in the engine's steps without resuming the turn: a stop()
+        asked for reaches the reply before its next token is drawn."""
+        if self.stopped and self._session is not None:
+            self._session.stop()
+
+    def run(self) -> Iterator[Item | Step | Waiting]:
         if self.stopped:  # its client left (or the server stops) while it was queued
             return
         conversation, history, system, matched = self._conversation()
@@ -125,12 +134,14 @@ class Turn:
                     return conversation, None, None, True
         return self.pool.new(), history, system, False
 
-    def _answer(self, taken: Taken) -> Generator[Item | Step, None, Finished]:
-        """Answer the request's message in the conversation taken; the Finished item, for run() to yield."""
+    def _answer(self, taken: Taken) -> Generator[Item | Step | Waiting, None, Finished]:
+        """Answer the request's message in the conversation taken; the Finished item, for run() to yield.
+        While its reply decodes it yields Waiting(reply): the worker hands on the reply's text after each step."""
         conversation = taken.conversation
         session = conversation.session
         if session is None:
             raise ApiError(500, "the conversation has no session", kind="server_error")
+        self._session = session
         warnings = []
         # What the request leaves out is the server's, not what the conversation's last request set.
         try:
@@ -174,6 +185,8 @@ class Turn:
                 session.stop()
             if isinstance(event, TextDelta):
                 yield Delta(event.text)
+            elif isinstance(event, Waiting):
+                yield event
             elif isinstance(event, PromptSkipped):
                 prompt_length = event.prompt_tokens
                 yield STEP

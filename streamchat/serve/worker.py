@@ -1,12 +1,13 @@
-"""The one thread that owns the model: it runs every request's turn, a step of each in turn.
+"""The one thread that owns the model: it runs every request's turn, and the engine's steps.
 
 Requests hand it their turns (streamchat.serve.turn). Each round it moves every turn on to
 the point where it waits for the engine (a prompt chunk or a replayed message queued, a
-reply's text of the last step handed on), then runs the engine's step (streamchat.engine):
-every reply's next token drawn, the prompt chunks a token budget allows, one forward pass,
-each reply's token detokenized and checked for a stop. Concurrent replies cost little more
-than one, and a new message is read in the pass that decodes the others. Each item a turn
-yields goes to its request through `deliver` (the request's asyncio queue, via
+reply submitted), runs the engine's step (streamchat.engine: every reply's next token drawn,
+the prompt chunks a token budget allows, one forward pass, each reply's token detokenized
+and checked for a stop), then hands each decoding reply's text to its request straight from
+the reply: a turn is resumed only once its reply ended, not for every token. Concurrent
+replies cost little more than one, and a new message is read in the pass that decodes the
+others. Each item goes to its request through `deliver` (the request's asyncio queue, via
 call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
 (the request gets 429). A turn whose client left while it waited for a live session ends
@@ -28,9 +29,11 @@ from concurrent.futures import Future
 from contextlib import suppress
 from dataclasses import dataclass
 
+from streamchat.generation.engine_steps import DecodingReply, Waiting
+from streamchat.generation.events import TextDelta
 from streamchat.serve.openai_api import ApiError
 from streamchat.serve.pool import ConversationPool, Step
-from streamchat.serve.turn import Turn
+from streamchat.serve.turn import Delta, Turn
 
 log = logging.getLogger("streamchat.serve")
 
@@ -44,6 +47,15 @@ WAITING_POLL_SECONDS = 0.005
 class Job:
     turn: Turn
     deliver: Callable[[object], None]  # Started, Delta, Finished, an ApiError, then END
+
+
+@dataclass(eq=False)
+class _Running:
+    """A turn under way: its items, and the reply it waits on while that decodes in the engine's steps."""
+
+    job: Job
+    items: Iterator[object]
+    reply: DecodingReply | None = None
 
 
 class Worker:
@@ -103,36 +115,43 @@ class Worker:
         self._run(pool)
 
     def _run(self, pool: ConversationPool) -> None:
-        active: list[tuple[Job, Iterator[object]]] = []
+        running: list[_Running] = []
         try:
             while True:
                 with self._condition:
-                    active += [(job, job.turn.run()) for job in self._incoming]
+                    running += [_Running(job, job.turn.run()) for job in self._incoming]
                     self._incoming.clear()
-                    if not active:
+                    if not running:
                         if self._closing:
                             break
                         self._condition.wait()
                         continue
                 if self._closing:
                     self.stop_all()
-                waiting = [self._step(job, items) for job, items in active]
+                waiting = [self._advance(turn) for turn in running]
+                running = [turn for turn, state in zip(running, waiting, strict=True) if state is not None]
                 engine = pool.served.engine
                 if engine is not None and engine.has_work():
-                    engine.step()  # what the turns queued this round, in one forward pass
-                active = [pair for pair, state in zip(active, waiting, strict=True) if state is not None]
-                if active and all(waiting):
+                    engine.step()  # what the turns queued this round, and every reply's next token, in one pass
+                for turn in running:
+                    if turn.reply is not None:
+                        self._hand_on(turn)
+                if running and all(waiting):
                     with self._condition:
                         self._condition.wait(WAITING_POLL_SECONDS)
         finally:
             pool.park_all()
 
-    def _step(self, job: Job, items: Iterator[object]) -> bool | None:
-        """One step of `job` (its items delivered on the way): True when it waits for a session, False when
-        it worked or queued its next forward pass in the engine, None when it ended."""
+    def _advance(self, turn: _Running) -> bool | None:
+        """Move `turn` on (its items delivered on the way): True when it waits for a session, False when it
+        worked or waits for the engine, None when it ended."""
+        if turn.reply is not None:  # decoding: the turn goes on when the reply ended
+            turn.job.turn.heed_stop()
+            return False
+        job = turn.job
         while True:
             try:
-                item = next(items)
+                item = next(turn.items)
             except StopIteration:
                 return self._end(job, END)
             except ApiError as error:
@@ -140,12 +159,24 @@ class Worker:
             except Exception as error:  # a bug or a failure in the engine: that request fails, the server goes on
                 log.exception("a request failed")
                 return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
+            if isinstance(item, Waiting):
+                turn.reply = item.reply
+                return False
             if isinstance(item, Step):
                 if item.waiting and job.turn.stopped:  # its client left before the turn began: it ends here
-                    items.close()
+                    turn.items.close()
                     return self._end(job, END)
                 return item.waiting
             _deliver(job, item)
+
+    def _hand_on(self, turn: _Running) -> None:
+        """A step ran: the text its reply said goes to the request; the turn goes on once the reply ended (and
+        hears of what ended it, where a failure did)."""
+        for event in turn.reply.said():
+            if isinstance(event, TextDelta):
+                _deliver(turn.job, Delta(event.text))
+        if turn.reply.ended:
+            turn.reply = None
 
     def _end(self, job: Job, last: object) -> None:
         if last is not END:

@@ -14,7 +14,8 @@ from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.engine import Engine
 from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.events import StepQueued, TextDelta
+from streamchat.generation.engine_steps import DecodingReply, Waiting
+from streamchat.generation.events import TextDelta
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
@@ -175,6 +176,56 @@ def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_res
         ]
 
 
+def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_conversation_once_it_ended():
+    from streamchat.conversation.session import ChatSession, SessionOptions
+    from tests.support.tokenizers import byte_level_tokenizer
+
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=25, temperature=0.7, seed=3)
+
+    def session(system: str) -> ChatSession:
+        options = SessionOptions(settings=settings, window=40, system_prompt=system)
+        return ChatSession(model, byte_level_tokenizer(), options)
+
+    systems = ["Be brief.", "You are a poet."]
+    alone = [session(system) for system in systems]
+    engine = Engine(model)
+    shared = [session(system) for system in systems]
+    for one in shared:
+        one.run_in(engine)
+    for question in ["Hi there.", "And then?"]:
+        turns = {index: one.chat(question) for index, one in enumerate(shared)}
+        decoding: dict[int, DecodingReply] = {}  # the reply each conversation waits on
+        texts = {index: "" for index in turns}
+        replies_waited_on = []
+        while turns:
+            for index, turn in list(turns.items()):
+                if index in decoding:  # the driver resumes it only once its reply ended
+                    continue
+                for event in turn:
+                    if isinstance(event, Waiting):
+                        if event.reply is not None:
+                            decoding[index] = event.reply
+                            replies_waited_on.append(index)
+                        break
+                    if isinstance(event, TextDelta):
+                        texts[index] += event.text  # the end of the text, held back until the reply ended
+                else:
+                    del turns[index]
+            if engine.has_work():
+                engine.step()
+            for index, reply in list(decoding.items()):
+                texts[index] += "".join(e.text for e in reply.said() if isinstance(e, TextDelta))
+                if reply.ended:
+                    del decoding[index]
+        assert sorted(replies_waited_on) == [0, 1]  # one wait a reply, however many steps it took
+        for index, one in enumerate(alone):
+            mine = "".join(e.text for e in one.chat(question) if isinstance(e, TextDelta))
+            assert texts[index] == mine and len(mine) > 5
+            assert shared[index].transcript == one.transcript
+    assert engine.rows_fed > engine.steps  # the replies decoded together
+
+
 def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_nothing():
     from streamchat.conversation.session import ChatSession, SessionOptions
     from tests.support.tokenizers import byte_level_tokenizer
@@ -193,7 +244,7 @@ def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_noth
     for question in ["Hello there.", "And then what happened?", "Go on."]:
         mine = list(alone.chat(question))
         theirs = list(driven.chat(question))
-        assert not any(isinstance(event, StepQueued) for event in theirs)
+        assert not any(isinstance(event, Waiting) for event in theirs)
         assert [e.text for e in theirs if hasattr(e, "text")] == [e.text for e in mine if hasattr(e, "text")]
     assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
     assert engine.steps > 0 and engine.runner.members == []  # every step ran through the engine, one row
