@@ -2,9 +2,10 @@
 
 Same model, prompt and greedy decoding for every row:
 
-- streamchat's token loop (generation/decoder.py: draw, feed, read back) through the sink
-  cache, eager and with the decode step compiled, as `run` loads the model by default
-  and as `--dtype float32 --quantize none` (the issue's CPU baseline);
+- streamchat's token loop through the sink cache as `run` decodes (on a CPU, uncompiled,
+  the engine's step with one row; else generation/decoder.py: draw, feed, read back),
+  eager and with the decode step compiled, as `run` loads the model by default and as
+  `--dtype float32 --quantize none` (the issue's CPU baseline);
 - transformers' own generate() with a StaticCache on the same model: what a transformers
   user gets (decode time: from its first token to its last, as a streamer sees them); on CUDA generate()
   compiles the forward pass itself when the cache is static;
@@ -37,6 +38,7 @@ import torch
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.generation.decoder import Decoder
+from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.loading.resolve import packaged_gguf
@@ -50,6 +52,7 @@ from streamchat.measure.bandwidth import (
 )
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
+from streamchat.sessions.building import steps_in_engine
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
@@ -140,17 +143,19 @@ def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> l
 
 
 def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str | None = None) -> float:
-    """Seconds per decode step of streamchat's token loop, greedy, after the prompt."""
+    """Seconds per decode step of streamchat's token loop as `run` decodes, greedy, after the prompt: the engine's
+    step, one row, where the chat takes its steps there (on a CPU, uncompiled); else the decoder's own step."""
     model = subject.model
     cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
     decoder = Decoder(model, cache, compile_backend)
     *_, last = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
     decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
-    decoder.next()  # the first step: it compiles, when compiling
+    step = engine_step(model, decoder) if steps_in_engine(compile_backend, subject.device) else decoder.next
+    step()  # the first step: it compiles, when compiling
     synchronize(subject.device)
     started = time.perf_counter()
     for _ in range(sizes.max_new_tokens - 1):
-        decoder.next()
+        step()
     synchronize(subject.device)
     return (time.perf_counter() - started) / (sizes.max_new_tokens - 1)
 

@@ -6,6 +6,7 @@
     yield from steps.decode(reply)                  # Waiting(reply) until it ended, then what it said last
     fed = yield from steps.read(cache, ids, label)  # a prompt chunk: Waiting() until the step that read it ran
     steps.leave(decoder)                            # its turn ended, or was abandoned
+    step = engine_step(model, decoder)              # a benchmark's: each call, a step of an endless reply
     # whoever drives the conversations (the server's worker), each round:
     engine.step()                                   # then each reply's events: reply.said()
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +37,7 @@ from streamchat.errors import CacheStateError
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.events import CacheOccupancy, Event, Evicted, TextDelta
 from streamchat.generation.reply import Reply
+from streamchat.generation.sampling import Settled
 
 
 class DecodingReply:
@@ -64,13 +67,8 @@ class DecodingReply:
         if settled is None:
             self.reply.reason = "interrupted"
             return None
-        self.decoder.checkpoint()  # what take_back() returns to: the cache as it is before the step
         self._token = settled.token
-        cache, label = self.cache, self.decoder.label
-        if cache.ledger.sinks_full:
-            return DecodeRow(cache, settled.on_device, settled.token, label)
-        # A conversation shorter than its sinks: its token is a chunk of one (a decode row needs them full).
-        return PromptChunk(cache, settled.on_device.reshape(1, 1), label)
+        return _token_work(self.decoder, settled)
 
     def advance(self, fed: Fed) -> bool:
         """The step fed its token: the logits the next one is drawn from, and what the token means; False at
@@ -110,6 +108,48 @@ class Waiting:
     wait in it after each step, for the driver to hand on (or for the conversation, resumed early, to yield)."""
 
     reply: DecodingReply | None = None
+
+
+class _Endless:
+    """A reply decoding in the engine that never ends and says nothing: a benchmark's steps (engine_step)."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder, self.cache = decoder, decoder.cache
+        self.error: BaseException | None = None
+
+    def next_work(self) -> Work:
+        return _token_work(self.decoder, self.decoder.draw())
+
+    def advance(self, fed: Fed) -> bool:
+        self.decoder.fed(fed.logits)
+        return True
+
+    def end(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+def engine_step(model: Any, decoder: Decoder) -> Callable[[], None]:
+    """Each call, the next step of `decoder`'s reply, decoding alone in an engine of its own as the chat's does
+    (its text aside): for a benchmark to time."""
+    engine, reply = Engine(model), _Endless(decoder)
+    engine.submit(reply)
+
+    def step() -> None:
+        engine.step()
+        if reply.error is not None:
+            raise reply.error
+
+    return step
+
+
+def _token_work(decoder: Decoder, settled: Settled) -> Work:
+    """A token drawn, as work to feed: a decode row, or a chunk of one while the cache's sinks are not full yet (a
+    decode row needs them full). Its decoder's checkpoint first: what take_back() returns to."""
+    decoder.checkpoint()
+    cache, label = decoder.cache, decoder.label
+    if cache.ledger.sinks_full:
+        return DecodeRow(cache, settled.on_device, settled.token, label)
+    return PromptChunk(cache, settled.on_device.reshape(1, 1), label)
 
 
 class EngineSteps:

@@ -6,6 +6,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from streamchat.conversation.session import ChatSession
     from streamchat.generation.decoder import StepChannel
     from streamchat.interface.config import RunConfig
@@ -38,11 +40,16 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
 
         use_compile_cache()
     session = ChatSession(loaded.model, loaded.tokenizer, options)
-    if options.compile_backend is None and loaded.device.type == "cpu":
+    if steps_in_engine(options.compile_backend, loaded.device):
         from streamchat.engine.engine import Engine
 
         # The chat's steps are the server's: one conversation, one row (under --tp, every rank's engine takes
-        # the step the leader's takes). Not for a compiled step or on an accelerator, where the decoder's own
-        # step (one graph, the token read back a step late) is the faster.
+        # the step the leader's takes).
         session.run_in(Engine(loaded.model), drives=True)
     return session
+
+
+def steps_in_engine(compile_backend: str | None, device: torch.device) -> bool:
+    """Whether a chat takes its steps in an engine (its own): on a CPU, uncompiled. Not for a compiled step or on
+    an accelerator, where the decoder's own step (one graph, the token read back a step late) is the faster."""
+    return compile_backend is None and device.type == "cpu"

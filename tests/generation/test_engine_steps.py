@@ -14,7 +14,7 @@ from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.engine import Engine
 from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import DecodingReply, Waiting
+from streamchat.generation.engine_steps import DecodingReply, Waiting, engine_step
 from streamchat.generation.events import TextDelta
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
@@ -290,3 +290,23 @@ def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens(
     assert follower.transcript == leader.transcript and follower.cache_stats() == leader.cache_stats()
     tokens_told = [step for step in leader_channel.steps if type(step) is int]
     assert follower_engine.steps >= len(tokens_told) > 0  # the follower fed every token told in its engine
+
+
+def test_a_benchmark_s_engine_steps_feed_the_tokens_the_decoder_s_own_steps_feed():
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB))
+    fuse_projections(model)  # the lean pass, as the chat's engine runs it
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
+
+    def decoder() -> Decoder:
+        cache = SinkCache.for_model(model, 4, 12)
+        one = Decoder(model, cache, vocab_size=VOCAB)
+        one.start(forward(model, cache, ids).logits, GREEDY, Sampler(0))
+        return one
+
+    alone, stepped = decoder(), decoder()
+    step = engine_step(model, stepped)
+    for _ in range(20):  # past the window: evicting
+        alone.next()
+        step()
+    assert stepped.cache.held_tokens() == alone.cache.held_tokens()
+    assert stepped.cache.stats() == alone.cache.stats() and alone.cache.stats().evicted > 0
