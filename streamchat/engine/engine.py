@@ -16,8 +16,8 @@ One step is one forward pass (nano-vllm's LLMEngine.step), in four phases:
 
 A reply's token is drawn at the start of the step that feeds it, not at the end of the one
 before, so a stop asked for between two steps (Ctrl-C, a client gone) is heeded before
-another token is drawn. What the replies say waits in each one for its conversation, whose
-turn hands it on (streamchat.generation.engine_steps).
+another token is drawn. What the replies say waits in each one for whoever drives the steps
+to hand on (streamchat.generation.engine_steps).
 
 Decoding is bound by reading the weights, so a step for eight conversations costs little
 more than a step for one, and a prompt chunk read in the same pass shares the reads.

@@ -16,9 +16,9 @@ its Decoder does alone; at the end it reads the logits the step gave, detokenize
 token and checks it for a stop. Its events wait in it: whoever drives the engine takes them
 after each step, and resumes the conversation only once the reply ended, so a token's text
 reaches its client without passing through the conversation's turn. A conversation yields
-Waiting, not an event, while it waits for a step. A conversation that has
-the engine to itself (`drives`: the chat, a piped run) runs the steps itself instead, yields
-its reply's events after each and never Waiting.
+Waiting, not an event, while it waits for a step. One that has the engine to itself
+(`drives`: the chat, a piped run) runs the steps itself instead, yields its reply's events
+after each, and never Waiting.
 """
 
 from __future__ import annotations
