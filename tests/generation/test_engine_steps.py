@@ -133,16 +133,21 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
         assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
 
 
-def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
+def chat_session(model, settings: GenerationSettings, system: str):
+    """A session over `model`, as the tests below chat: a byte-level tokenizer, a 40-token window."""
     from streamchat.conversation.session import ChatSession, SessionOptions
     from tests.support.tokenizers import byte_level_tokenizer
 
+    options = SessionOptions(settings=settings, window=40, system_prompt=system)
+    return ChatSession(model, byte_level_tokenizer(), options)
+
+
+def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
     model = tiny_model("llama", vocab_size=700)
     settings = GenerationSettings(max_new_tokens=30, temperature=0.7, seed=5)
 
-    def session(system: str) -> ChatSession:
-        options = SessionOptions(settings=settings, window=40, system_prompt=system)
-        return ChatSession(model, byte_level_tokenizer(), options)
+    def session(system: str):
+        return chat_session(model, settings, system)
 
     systems, questions = ["Be brief.", "You are a poet who likes long words."], ["Hi there.", "And then?"]
     alone = [session(system) for system in systems]
@@ -177,20 +182,12 @@ def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_res
 
 
 def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_conversation_once_it_ended():
-    from streamchat.conversation.session import ChatSession, SessionOptions
-    from tests.support.tokenizers import byte_level_tokenizer
-
     model = tiny_model("llama", vocab_size=700)
     settings = GenerationSettings(max_new_tokens=25, temperature=0.7, seed=3)
-
-    def session(system: str) -> ChatSession:
-        options = SessionOptions(settings=settings, window=40, system_prompt=system)
-        return ChatSession(model, byte_level_tokenizer(), options)
-
     systems = ["Be brief.", "You are a poet."]
-    alone = [session(system) for system in systems]
+    alone = [chat_session(model, settings, system) for system in systems]
     engine = Engine(model)
-    shared = [session(system) for system in systems]
+    shared = [chat_session(model, settings, system) for system in systems]
     for one in shared:
         one.run_in(engine)
     for question in ["Hi there.", "And then?"]:
