@@ -12,6 +12,8 @@ PREFILL_CHUNK = 256
 # Most tokens the server's engine feeds in one step (every reply's next token, then prompt
 # chunks): two chunks' worth, so a new message is read in the pass that decodes the others.
 STEP_TOKEN_BUDGET = 2 * PREFILL_CHUNK
+# How many kinds of sinks (system turns) the server keeps, read once, to copy into new conversations.
+SHARED_SINKS_KEPT = 4
 # A prompt longer than the cache: False reads its start and its last two windows (the rest
 # would be evicted before the model answers), True streams every token through the cache.
 READ_ALL = False

@@ -49,6 +49,7 @@ from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import ChatFormat, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.cache_view import CacheView
 from streamchat.generation.decoder import Decoder, StepChannel
@@ -132,12 +133,13 @@ class ChatSession:
     def channel(self) -> StepChannel | None:
         return self.token_loop.channel
 
-    def run_in(self, engine: Engine | None, drives: bool = False) -> None:
+    def run_in(self, engine: Engine | None, drives: bool = False, shared_sinks: SharedSinks | None = None) -> None:
         """Take every forward pass in `engine`'s steps, together with other sessions' over the same model
         (None: through the decoder's own step); `drives`: the engine is this session's alone, and it runs
         the steps itself. Otherwise its moves also yield Waiting (generation/engine_steps.py), for whoever
-        runs the steps."""
-        self.token_loop.engine = None if engine is None else EngineSteps(engine, drives)
+        runs the steps. With `shared_sinks`, a new conversation's sinks are read once for all that begin
+        alike (engine/shared_sinks.py)."""
+        self.token_loop.engine = None if engine is None else EngineSteps(engine, drives, shared_sinks)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

@@ -5,6 +5,7 @@
     reply = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
     yield from steps.decode(reply)                  # Waiting(reply) until it ended, then what it said last
     fed = yield from steps.read(cache, ids, label)  # a prompt chunk: Waiting() until the step that read it ran
+    copied = yield from steps.copy_sinks(cache, ids, label)   # a new conversation's sinks, when another read them
     steps.leave(decoder)                            # its turn ended, or was abandoned
     step = engine_step(model, decoder)              # a benchmark's: each call, a step of an endless reply
     # whoever drives the conversations (the server's worker), each round:
@@ -32,6 +33,7 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import Eviction
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
 from streamchat.errors import CacheStateError
 from streamchat.generation.decoder import Decoder
@@ -155,9 +157,10 @@ def _token_work(decoder: Decoder, settled: Settled) -> Work:
 class EngineSteps:
     """What a token loop hands the engine, and how it waits for the step that runs it."""
 
-    def __init__(self, engine: Engine, drives: bool = False) -> None:
+    def __init__(self, engine: Engine, drives: bool = False, shared_sinks: SharedSinks | None = None) -> None:
         self.engine = engine
         self.drives = drives  # the engine is this conversation's alone: it runs each step as its work is queued
+        self.shared_sinks = shared_sinks  # where conversations that begin alike share their sinks
 
     def decode(self, reply: DecodingReply) -> Generator[Event | Waiting, None, None]:
         """Decode `reply` in the engine's steps until it ends: its events after each step it runs itself, or
@@ -187,6 +190,13 @@ class EngineSteps:
             if not ticket.done:  # abandoned while queued (or interrupted): no step may feed it behind its back
                 self.engine.withdraw(ticket)
         return ticket.result()
+
+    def copy_sinks(self, cache: SinkCache, ids: list[int], label: int) -> Generator[Waiting, None, bool]:
+        """Into the empty `cache`, the sinks `ids` as another conversation read them (waiting while one reads
+        them): True; False when none did: this conversation reads them, then hands them to shared_sinks.keep()."""
+        while (taken := self.shared_sinks.take(cache, ids, label)) == "wait":
+            yield Waiting()
+        return taken == "copied"
 
     def leave(self, decoder: Decoder) -> None:
         """`decoder`'s reply ended (or its turn was abandoned): its row leaves the pool, between steps."""

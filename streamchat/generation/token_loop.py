@@ -227,8 +227,10 @@ class TokenLoop:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
         (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
         progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
-        logits = None
-        for part, skipped_after in ((head, skipped), (tail, 0)):
+        logits, shared = yield from self._share_sinks(head, message)
+        if shared and (event := progress.advance(shared)) is not None:
+            yield event
+        for part, skipped_after in ((head[shared:], skipped), (tail, 0)):
             for piece in progress.pieces(part):
                 if logits is not None and self.stop_agreed():
                     return logits, progress.read
@@ -237,6 +239,26 @@ class TokenLoop:
                     yield event
             self.cache.count_skipped(skipped_after, message)
         return logits, progress.read
+
+    def _share_sinks(
+        self, head: list[int], message: int
+    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor | None, int]]:
+        """A new conversation's sinks, shared with the others over the engine that begin alike
+        (engine/shared_sinks.py): copied in where one read them, else read in a pass of their own and kept.
+        The logits after them (None when copied), and how many of the head's tokens they are (0: none shared)."""
+        steps, sinks = self.engine, self.cache.sinks
+        if steps is None or steps.shared_sinks is None or self.cache.stats().seen or len(head) <= sinks:
+            return None, 0
+        ids = head[:sinks]
+        if (yield from steps.copy_sinks(self.cache, ids, message)):
+            return None, sinks
+        try:
+            logits = yield from self.feed(ids, message)
+        except BaseException:  # stopped, abandoned or failed half way: the next conversation reads them
+            steps.shared_sinks.forget_reading(self.cache, ids, message)
+            raise
+        steps.shared_sinks.keep(self.cache, ids, message)
+        return logits, sinks
 
     def _make_room(self, incoming: int) -> Generator[Event, None, None]:
         """Make room ahead for `incoming` tokens; report what that evicted."""

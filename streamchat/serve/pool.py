@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.generation.settings import GenerationSettings
@@ -63,6 +64,7 @@ class Served:
     sessions: Path  # the journals' directory (data_dir()/sessions)
     cache_layout: dict[str, object]  # keep and window, for each journal's header
     engine: Engine | None = None  # where every session's forward passes run together; None: each alone
+    shared_sinks: SharedSinks | None = None  # the sinks new conversations that begin alike copy, read once
     reply_tokens_limit: int | None = None  # the most tokens any reply may have, whatever a request asks
 
 
@@ -252,7 +254,7 @@ class ConversationPool:
 
     def _new_session(self) -> ChatSession:
         session = self.served.new_session()
-        session.run_in(self.served.engine)
+        session.run_in(self.served.engine, shared_sinks=self.served.shared_sinks)
         return session
 
     def _restore(

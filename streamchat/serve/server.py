@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import ConfigError
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
@@ -56,6 +57,7 @@ def run_server(
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},
             engine=Engine(loaded.model),
+            shared_sinks=SharedSinks(),
             reply_tokens_limit=max_tokens_limit or config.window,
         )
         pool = ConversationPool(served, max_conversations)

@@ -12,6 +12,7 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import DecodingReply, Waiting, engine_step
@@ -307,3 +308,64 @@ def test_a_benchmark_s_engine_steps_feed_the_tokens_the_decoder_s_own_steps_feed
         step()
     assert stepped.cache.held_tokens() == alone.cache.held_tokens()
     assert stepped.cache.stats() == alone.cache.stats() and alone.cache.stats().evicted > 0
+
+
+def driven(engine: Engine, turns: list) -> list[list]:
+    """Every turn's events (Waiting included), each turn resumed once a round and the engine stepped between."""
+    said: list[list] = [[] for _ in turns]
+    going = dict(enumerate(turns))
+    while going:
+        for index, turn in list(going.items()):
+            event = next(turn, None)
+            if event is None:
+                del going[index]
+            else:
+                said[index].append(event)
+        if engine.has_work():
+            engine.step()
+    return said
+
+
+def test_conversations_that_begin_alike_read_their_sinks_once_and_go_on_as_each_would_alone():
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=20, temperature=0.7, seed=2)
+    questions = ["Hi there.", "Tell me more.", "And then?"]
+    apart, apart_tokens = [], 0
+    for question in questions:  # each alone: its own engine, its own sinks read
+        one = chat_session(model, settings, "You are a poet.")
+        engine = Engine(model)
+        one.run_in(engine, shared_sinks=SharedSinks())
+        driven(engine, [one.chat(question)])
+        apart.append(one)
+        apart_tokens += engine.chunk_tokens
+    engine, shared = Engine(model), SharedSinks()
+    together = [chat_session(model, settings, "You are a poet.") for _ in questions]
+    for one in together:
+        one.run_in(engine, shared_sinks=shared)
+    said = driven(engine, [one.chat(question) for one, question in zip(together, questions, strict=True)])
+    sinks = together[0].cache.sinks
+    assert shared.copies == 2 and engine.chunk_tokens == apart_tokens - 2 * sinks  # the sinks read once
+    assert sum(isinstance(event, Waiting) for event in said[1]) > 1  # it waited while the first read them
+    for one, other in zip(apart, together, strict=True):
+        assert other.transcript == one.transcript and other.cache_stats() == one.cache_stats()
+        mine, theirs = one.snapshot().tensors.tensors, other.snapshot().tensors.tensors
+        for name, tensor in mine.items():
+            torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def test_sinks_a_conversation_stopped_reading_are_read_by_the_one_that_waited_for_them():
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=12, temperature=0.0)
+    alone = chat_session(model, settings, "Be brief.")
+    list(alone.chat("Why?"))
+    engine, shared = Engine(model), SharedSinks()
+    first, second = (chat_session(model, settings, "Be brief.") for _ in range(2))
+    for one in (first, second):
+        one.run_in(engine, shared_sinks=shared)
+    reading, waiting = first.chat("Hello."), second.chat("Why?")
+    assert isinstance(next(reading), Waiting)  # its sinks queued
+    assert isinstance(next(waiting), Waiting)  # the same sinks: it waits for them
+    reading.close()  # its client left before the step
+    said = driven(engine, [waiting])[0]
+    assert shared.copies == 0 and second.transcript == alone.transcript
+    assert [e.text for e in said if isinstance(e, TextDelta)]

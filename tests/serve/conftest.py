@@ -25,6 +25,7 @@ import uvicorn
 
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.engine.engine import Engine
+from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
@@ -111,6 +112,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             sessions=sessions,
             cache_layout={"keep": 4, "window": window},
             engine=Engine(model) if batched else None,
+            shared_sinks=SharedSinks() if batched else None,
             reply_tokens_limit=reply_tokens_limit,
         )
 

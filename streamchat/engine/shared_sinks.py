@@ -1,0 +1,71 @@
+"""Sinks read once for every conversation that begins alike: by default, the system turn a server's conversations share.
+
+    shared = SharedSinks()
+    taken = shared.take(cache, ids, label)   # ids: the sinks a new conversation's first prompt begins with
+    # "copied": they are in `cache` now, as the conversation that read them first left them
+    # "read":   none are kept yet: this conversation reads them, then shared.keep(cache, ids, label)
+    #           (or shared.forget_reading(...) when it could not)
+    # "wait":   another conversation is reading the same sinks: take again after the engine's next step
+
+The cache keeps the system turn as its sinks, and a server's clients mostly send the same
+one, so every new conversation would read the same tokens into the same first slots.
+Reading them is pure work: attention is causal and positions are assigned within the
+cache, so a sink's keys and values depend on the sinks before it alone. A conversation
+that shares them reads them in a forward pass of their own, so the sinks it leaves are
+bit for bit those of any other conversation that reads them alone: copying them is exact,
+and a conversation's cache is the same whether its sinks were read or copied.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Literal
+
+from streamchat import defaults
+from streamchat.cache.sink_cache import SinkCache
+from streamchat.cache.snapshots import CacheSnapshot
+
+Taken = Literal["copied", "read", "wait"]
+# The sinks' tokens, the label they are recorded with, and the cache's shape (sinks, window).
+_Key = tuple[tuple[int, ...], int, int, int]
+
+
+class SharedSinks:
+    """The sinks of the last few kinds of conversation begun over one model, kept to be copied into new ones."""
+
+    def __init__(self, limit: int = defaults.SHARED_SINKS_KEPT) -> None:
+        self.limit = limit
+        self.copies = 0  # conversations that took their sinks from here rather than reading them
+        self._kept: OrderedDict[_Key, CacheSnapshot] = OrderedDict()  # least recently taken first
+        self._reading: set[_Key] = set()
+
+    def take(self, cache: SinkCache, ids: list[int], label: int) -> Taken:
+        """The sinks `ids`, recorded with `label`, copied into the empty `cache` when they are kept; else who reads
+        them (see the module's docstring)."""
+        key = _key(cache, ids, label)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            kept.restore(cache)
+            self.copies += 1
+            return "copied"
+        if key in self._reading:
+            return "wait"
+        self._reading.add(key)
+        return "read"
+
+    def keep(self, cache: SinkCache, ids: list[int], label: int) -> None:
+        """`cache` holds the sinks `ids` alone, just read: kept for the conversations that begin alike."""
+        key = _key(cache, ids, label)
+        self._reading.discard(key)
+        self._kept[key] = CacheSnapshot.whole(cache)
+        while len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+
+    def forget_reading(self, cache: SinkCache, ids: list[int], label: int) -> None:
+        """The conversation that was reading the sinks `ids` did not (stopped, failed): the next one reads them."""
+        self._reading.discard(_key(cache, ids, label))
+
+
+def _key(cache: SinkCache, ids: list[int], label: int) -> _Key:
+    return tuple(ids), label, cache.sinks, cache.window
