@@ -5,7 +5,7 @@
     reply = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
     yield from steps.decode(reply)                  # Waiting(reply) until it ended, then what it said last
     fed = yield from steps.read(cache, ids, label)  # a prompt chunk: Waiting() until the step that read it ran
-    copied = yield from steps.copy_sinks(cache, ids, label)   # a new conversation's sinks, when another read them
+    copied = yield from steps.copy_sinks(cache, ids, label)  # a new conversation's sinks, where another read them
     steps.leave(decoder)                            # its turn ended, or was abandoned
     step = engine_step(model, decoder)              # a benchmark's: each call, a step of an endless reply
     # whoever drives the conversations (the server's worker), each round:
