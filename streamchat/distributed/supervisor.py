@@ -182,10 +182,11 @@ def _watch(ranks: list[_Rank], report: Path) -> tuple[int, str | None]:
     cause = _cause(ranks)
     _wait_all(ranks[:1], CAUSE_WAIT_SECONDS)  # rank 0 ends by itself when a step fails, or when it errs too
     code = leader.poll()
-    if cause is None and code == 0:
-        # Rank 0 told the others to exit and ended cleanly: a follower that lost it a moment before
-        # (still reading the exit when rank 0's connections closed) lost nothing the run needed.
-        return 0, None
+    if cause is None and code is not None and code >= 0 and code != PeerLostError.exit_code:
+        # Rank 0 ended the run by itself (cleanly, interrupted, or with its own one-line error): a follower
+        # that lost it a moment before (still reading the exit when rank 0's connections closed) lost nothing
+        # the run needed, and which of the two exits the launcher saw first must not change the run's code.
+        return code, None
     if cause is not None and code is not None and code > 0 and code != PeerLostError.exit_code:
         return code, None  # every rank met the same error (a model --tp cannot split): rank 0 said it
     why = _why(cause, report) if cause is not None else _hung(ranks, report)
