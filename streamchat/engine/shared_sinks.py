@@ -10,10 +10,11 @@
 The cache keeps the system turn as its sinks, and a server's clients mostly send the same
 one, so every new conversation would read the same tokens into the same first slots.
 Reading them is pure work: attention is causal and positions are assigned within the
-cache, so a sink's keys and values depend on the sinks before it alone. A conversation
-that shares them reads them in a forward pass of their own, so the sinks it leaves are
-bit for bit those of any other conversation that reads them alone: copying them is exact,
-and a conversation's cache is the same whether its sinks were read or copied.
+cache, so a sink's keys and values depend on the sinks' tokens alone. A conversation that
+shares them reads them in a forward pass of their own, not with the rest of its prompt, so
+a copy is what reading them would leave: bit for bit when the first reader had its step to
+itself, and otherwise within the rounding any step shared with other conversations brings
+(engine/runner.py).
 """
 
 from __future__ import annotations
