@@ -174,7 +174,7 @@ class ChatSession:
         read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
         self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
-        yield from self._reply(read.logits, read.tokens, started, read.at)
+        yield from self._reply(read.logits, read.tokens, started, read.at, read.copied)
 
     def regenerate(self) -> Iterator[Event]:
         """Take back the last reply and generate another one for the same message."""
@@ -324,7 +324,9 @@ class ChatSession:
 
     # ---- a turn in the transcript -------------------------------------------------------------
 
-    def _reply(self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float) -> Iterator[Event]:
+    def _reply(
+        self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float, copied: int = 0
+    ) -> Iterator[Event]:
         """Generate the answer to the last message, then close the turn in the cache and the transcript."""
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
@@ -341,7 +343,7 @@ class ChatSession:
                     _drain(self._close(reply, message))
             raise
         yield from self._close(reply, message)
-        stats = reply.stats(prompt_tokens)
+        stats = reply.stats(prompt_tokens, copied)
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
 

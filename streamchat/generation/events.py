@@ -96,6 +96,7 @@ class TurnStats:
     decode_seconds: float
     time_to_first_token: float
     stop_reason: StopReason
+    copied_prompt_tokens: int = 0  # of prompt_tokens, the sinks copied in as another conversation read them
 
     @property
     def prefill_tokens_per_second(self) -> float:

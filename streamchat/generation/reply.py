@@ -39,7 +39,7 @@ class Reply:
         elapsed = time.perf_counter() - (self.first_token_at or self.started)
         return (len(self.ids) - 1) / elapsed if elapsed > 0 else 0.0
 
-    def stats(self, prompt_tokens: int) -> TurnStats:
+    def stats(self, prompt_tokens: int, copied: int = 0) -> TurnStats:
         now = time.perf_counter()
         first = self.first_token_at or now
         return TurnStats(
@@ -49,6 +49,7 @@ class Reply:
             decode_seconds=now - first,
             time_to_first_token=first - self.started,
             stop_reason=self.reason,
+            copied_prompt_tokens=copied,
         )
 
     def _show(self, delta: str, final: bool = False) -> str:

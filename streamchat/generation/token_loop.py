@@ -55,6 +55,7 @@ class Prefilled(NamedTuple):
     tokens: int  # how many were read (not a long prompt's middle, not past a stop())
     whole: bool  # every token meant to be read was: no stop() cut the reading short
     at: float  # time.perf_counter() when the last of them was in the cache
+    copied: int = 0  # of `tokens`, the sinks copied in as another conversation read them (engine/shared_sinks.py)
 
 
 class TokenLoop:
@@ -133,7 +134,7 @@ class TokenLoop:
         if reply_room is not None:
             yield from self._make_room(min(wanted + reply_room, self.cache.window))
         before = self.cache.stats()
-        logits, read = yield from self._read_prompt(head, tail, len(prompt) - wanted, message)
+        logits, read, copied = yield from self._read_prompt(head, tail, len(prompt) - wanted, message)
         prefilled = time.perf_counter()
         # Evictions take the oldest window tokens first: past those, they took the prompt's own.
         dropped = self.cache.stats().evicted - before.evicted - before.window_used
@@ -141,7 +142,7 @@ class TokenLoop:
             yield PromptSkipped(len(prompt), read, "stopped")
         elif dropped > 0:
             yield PromptTruncated(prompt_tokens=len(prompt), visible_tokens=read - dropped)
-        return Prefilled(logits, read, read == wanted, prefilled)
+        return Prefilled(logits, read, read == wanted, prefilled, copied)
 
     def decode(
         self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
@@ -223,22 +224,23 @@ class TokenLoop:
 
     def _read_prompt(
         self, head: list[int], tail: list[int], skipped: int, message: int
-    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor, int]]:
+    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor, int, int]]:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
-        (the last logits, tokens read). Progress is reported, and stop() heeded, between passes."""
+        (the last logits, tokens read, of them copied). Progress is reported, and stop() heeded, between passes."""
         progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
         logits, shared = yield from self._share_sinks(head, message)
+        copied = shared if logits is None else 0
         if shared and (event := progress.advance(shared)) is not None:
             yield event
         for part, skipped_after in ((head[shared:], skipped), (tail, 0)):
             for piece in progress.pieces(part):
                 if logits is not None and self.stop_agreed():
-                    return logits, progress.read
+                    return logits, progress.read, copied
                 logits = yield from self.feed(piece, message)
                 if (event := progress.advance(len(piece))) is not None:
                     yield event
             self.cache.count_skipped(skipped_after, message)
-        return logits, progress.read
+        return logits, progress.read, copied
 
     def _share_sinks(
         self, head: list[int], message: int

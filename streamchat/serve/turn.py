@@ -204,7 +204,7 @@ class Turn:
         conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
         cut_short = bool(self.told)  # the client left mid-stream, having read some start of what it was sent
         self.pool.index.file(conversation.id, session.system_prompt, self._told(session.transcript), cut_short)
-        read = taken.restore_read + stats.prompt_tokens
+        read = taken.restore_read + stats.prompt_tokens - stats.copied_prompt_tokens  # copied sinks were not read
         return Finished(
             reply=finished.reply,
             stop_reason=stats.stop_reason,

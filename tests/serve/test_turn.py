@@ -46,6 +46,26 @@ def test_a_history_resent_thirty_times_reads_only_each_new_turn(start_server, en
     assert (saved.system_prompt, saved.messages) == (system, messages[1:])
 
 
+def test_new_conversations_that_begin_alike_read_the_sinks_once_and_report_them_cached(start_server, endless) -> None:
+    server = start_server(endless)  # its sessions keep 4 sinks
+    _, tokenizer = endless
+    usages, replies = [], []
+    for text in ("Hello there.", "Good morning.", "Hello there."):
+        raw = server.client.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+            max_tokens=6,
+            temperature=0,
+        )
+        usages.append(raw.parse().usage)
+        replies.append(raw.parse().choices[0].message.content)
+    prompts = [new_turn_tokens(tokenizer, text, True, "Be brief.") for text in ("Hello there.", "Good morning.")]
+    assert [usage.prompt_tokens for usage in usages] == [prompts[0], prompts[1], prompts[0]]
+    # The first read the 4 sinks; the others copied them in: not read for their requests.
+    assert [usage.prompt_tokens_details.cached_tokens for usage in usages] == [0, 4, 4]
+    assert replies[2] == replies[0]  # the same first message, sinks read or copied: the same greedy reply
+
+
 def test_a_history_the_server_does_not_hold_starts_a_conversation_by_replay(start_server, scripted) -> None:
     server = start_server(scripted)
     history = [
