@@ -313,14 +313,14 @@ class ChatSession:
         yield CacheOccupancy(self.cache_stats(), 0.0)  # the emptied cache, not the one the replay replaces
         if (started := progress.advance(0)) is not None:
             yield started  # shown before the first forward pass, which takes a while
-        start = 0
+        start = copied = 0
         for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
             self.transcript.append({"role": message["role"], "content": message["content"]})
-            yield from self.token_loop.replay_message(ids, start, total, index, progress)
+            copied += yield from self.token_loop.replay_message(ids, start, total, index, progress)
             start += len(ids)
         self._settled = True
         yield CacheOccupancy(self.cache_stats(), 0.0)
-        yield Replayed(messages=len(messages), tokens=self.cache_stats().seen)
+        yield Replayed(messages=len(messages), tokens=self.cache_stats().seen, copied=copied)
 
     # ---- a turn in the transcript -------------------------------------------------------------
 

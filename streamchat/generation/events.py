@@ -135,6 +135,7 @@ class Replayed:
 
     messages: int
     tokens: int  # fed: the sinks and the end of the conversation, not the middle it would evict
+    copied: int = 0  # of `tokens`, the sinks copied in as another conversation read them (not read)
 
 
 @dataclass(frozen=True)

@@ -205,13 +205,18 @@ class TokenLoop:
 
     def replay_message(
         self, ids: list[int], start: int, total: int, message: int, progress: ReadingProgress
-    ) -> Generator[Event | Waiting, None, None]:
+    ) -> Generator[Event | Waiting, None, int]:
         """Feed message `message`, at stream position `start` of a replay `total` tokens long: only what
         falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again.
-        Each forward pass is followed by the replay's `progress` and the cache's occupancy."""
+        Each forward pass is followed by the replay's `progress` and the cache's occupancy. How many of its
+        tokens were copied in rather than read (the first message's sinks, where another conversation read them)."""
         skip_to = total - REPLAYED_WINDOWS * self.cache.window
         head, tail = replayed_parts(ids, start, self.cache.sinks, skip_to)
-        for part, skipped_after in ((head, len(ids) - len(head) - len(tail)), (tail, 0)):
+        logits, shared = yield from self._share_sinks(head, message)
+        if shared and (event := progress.advance(shared)) is not None:
+            yield event
+            yield CacheOccupancy(self.cache.stats(), 0.0)
+        for part, skipped_after in ((head[shared:], len(ids) - len(head) - len(tail)), (tail, 0)):
             # Pieces of one forward pass each: the chunks feed() would have cut, so the cache computes the same.
             for piece in progress.pieces(part):
                 yield from self.feed(piece, message)
@@ -219,6 +224,7 @@ class TokenLoop:
                     yield event
                     yield CacheOccupancy(self.cache.stats(), 0.0)
             self.cache.count_skipped(skipped_after, message)
+        return shared if logits is None else 0
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -228,7 +234,9 @@ class TokenLoop:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
         (the last logits, tokens read, of them copied). Progress is reported, and stop() heeded, between passes."""
         progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
-        logits, shared = yield from self._share_sinks(head, message)
+        logits, shared = None, 0
+        if len(head) + len(tail) > self.cache.sinks:  # more to read after the sinks: the logits come from it
+            logits, shared = yield from self._share_sinks(head, message)
         copied = shared if logits is None else 0
         if shared and (event := progress.advance(shared)) is not None:
             yield event
@@ -249,7 +257,7 @@ class TokenLoop:
         (engine/shared_sinks.py): copied in where one read them, else read in a pass of their own and kept.
         The logits after them (None when copied), and how many of the head's tokens they are (0: none shared)."""
         steps, sinks = self.engine, self.cache.sinks
-        if steps is None or steps.shared_sinks is None or self.cache.stats().seen or len(head) <= sinks:
+        if steps is None or steps.shared_sinks is None or self.cache.stats().seen or len(head) < sinks:
             return None, 0
         ids = head[:sinks]
         if (yield from steps.copy_sinks(self.cache, ids, message)):

@@ -196,7 +196,7 @@ class ConversationPool:
         told = ConversationState(list(history), state.system_prompt, state.settings, None, recalled)
         for event in session.restore(told):
             if isinstance(event, Replayed):
-                taken.restore_read += event.tokens
+                taken.restore_read += event.tokens - event.copied  # copied sinks were not read
             yield STEP
         feeds = session.chat_format.conversation_ids(session.transcript)
         taken.conversation.rendered_tokens = sum(len(ids) for ids in feeds)
@@ -269,7 +269,7 @@ class ConversationPool:
         read = 0
         for event in events:
             if isinstance(event, Replayed):
-                read = event.tokens
+                read = event.tokens - event.copied  # copied sinks were not read
             elif isinstance(event, NotResumed):
                 log.info("conversation %s replayed: %s", conversation.id, event.reason)
             yield STEP

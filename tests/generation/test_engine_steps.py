@@ -369,3 +369,31 @@ def test_sinks_a_conversation_stopped_reading_are_read_by_the_one_that_waited_fo
     said = driven(engine, [waiting])[0]
     assert shared.copies == 0 and second.transcript == alone.transcript
     assert [e.text for e in said if isinstance(e, TextDelta)]
+
+
+def test_replays_that_begin_alike_read_their_sinks_once_and_say_how_many_they_copied():
+    from streamchat.conversation.state import ConversationState
+    from streamchat.generation.events import Replayed
+
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=8, temperature=0.0)
+    history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi! How are you?"}]
+    state = ConversationState(history, "Be brief.", {})
+    alone = chat_session(model, settings, "Be brief.")
+    engine = Engine(model)
+    alone.run_in(engine, shared_sinks=SharedSinks())
+    driven(engine, [alone.restore(state)])
+    engine, shared = Engine(model), SharedSinks()
+    together = [chat_session(model, settings, "Be brief.") for _ in range(2)]
+    for one in together:
+        one.run_in(engine, shared_sinks=shared)
+    said = driven(engine, [one.restore(state) for one in together])
+    replayed = [next(event for event in events if isinstance(event, Replayed)) for events in said]
+    sinks = alone.cache.sinks
+    assert shared.copies == 1 and [event.copied for event in replayed] == [0, sinks]
+    assert replayed[0].tokens == replayed[1].tokens == alone.cache_stats().seen
+    for one in together:
+        assert one.transcript == alone.transcript and one.cache_stats() == alone.cache_stats()
+        mine, theirs = alone.snapshot().tensors.tensors, one.snapshot().tensors.tensors
+        for name, tensor in mine.items():
+            torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)

@@ -80,6 +80,10 @@ def test_a_history_the_server_does_not_hold_starts_a_conversation_by_replay(star
     assert usage.prompt_tokens_details.cached_tokens == 0  # the history fits the window: all of it was read
     saved = read_session(server.sessions / f"{raw.headers['x-streamchat-conversation']}.jsonl")
     assert saved.messages == [*history, {"role": "assistant", "content": REPLY}]
+    # Another history it does not hold, beginning alike: its replay copies the 4 sinks the first one read.
+    other = [history[0], {"role": "assistant", "content": "Written elsewhere, and otherwise."}, history[-1]]
+    again = server.client.chat.completions.create(model="tiny", messages=other).usage
+    assert again.prompt_tokens_details.cached_tokens == 4 and again.prompt_tokens > 4
 
 
 def test_a_conversation_named_by_its_header_goes_on_from_its_new_message(start_server, scripted) -> None:
