@@ -41,15 +41,15 @@ class Engine:
         self.runner = Runner(model)
         self.token_budget = token_budget
         self._queued: list[Ticket] = []
-        self._decoding: list[Decoding] = []  # every reply decoding, in the order they came
-        self._drawing: list[Decoding] = []  # those whose next token the coming step draws
+        # Every reply decoding, in the order they came: between steps, each waits here for its next token's draw
+        # (within a step, its token is a queued ticket's work).
+        self._drawing: list[Decoding] = []
         self.steps = 0  # steps run
         self.rows_fed = 0  # decode tokens they fed
         self.chunk_tokens = 0  # prompt tokens they read
 
     def submit(self, reply: Decoding) -> None:
         """Decode `reply` from the coming step on, a token each step, until it ends."""
-        self._decoding.append(reply)
         self._drawing.append(reply)
 
     def queue(self, work: Work) -> Ticket:
@@ -63,7 +63,7 @@ class Engine:
         self._queued = [queued for queued in self._queued if queued is not ticket]
 
     def has_work(self) -> bool:
-        return bool(self._queued or self._decoding)
+        return bool(self._queued or self._drawing)
 
     def step(self) -> bool:
         """Run the next step: draw, schedule, one forward pass, settle; False when nothing could run.
@@ -94,7 +94,6 @@ class Engine:
         """`cache`'s conversation stopped (its reply ended, or was abandoned): its reply and queued work are dropped
         and it leaves the pool."""
         self._queued = [ticket for ticket in self._queued if ticket.work.cache is not cache]
-        self._decoding = [reply for reply in self._decoding if reply.cache is not cache]
         self._drawing = [reply for reply in self._drawing if reply.cache is not cache]
         self.runner.leave(cache)
 
@@ -134,6 +133,5 @@ class Engine:
 
     def _end(self, reply: Decoding, error: BaseException | None = None) -> None:
         """A reply ended: it leaves the pool now, between steps, so the next step's rows need no word from it."""
-        self._decoding = [each for each in self._decoding if each is not reply]
         self.runner.leave(reply.cache)
         reply.end(error)
