@@ -8,9 +8,8 @@ line, the journal records what changed, so the session file is never behind.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from streamchat.conversation.session_options import parse_option
 from streamchat.errors import CommandError, RankLostError, StreamchatError
 from streamchat.generation.events import Event, StopReason, TurnFinished
 from streamchat.interface.display import ChatDisplay, turn_stats_line, turns_text
-from streamchat.interface.signals import Interrupted, termination_deferred
+from streamchat.interface.signals import Interrupted, interrupts_handled, termination_deferred
 from streamchat.interface.status import first_words, status_figures
 from streamchat.sessions.keeping import save_state
 from streamchat.storage.cache_file import StateKey
@@ -257,18 +256,10 @@ def _stop_on_interrupt(session: Conversation, abandon: bool = True) -> Iterator[
             raise Interrupted
         session.stop()
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
+    with interrupts_handled(on_interrupt):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
-@contextmanager
-def _interrupts_ignored() -> Iterator[None]:
+def _interrupts_ignored() -> AbstractContextManager[None]:
     """Within the block, SIGINT does nothing (a turn's own handler, and the prompt's, still take it in theirs)."""
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return interrupts_handled(lambda signum, frame: None)

@@ -9,7 +9,6 @@ ends the run; so do SIGHUP and SIGTERM, with the transcript ending on a whole tu
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from streamchat.errors import TranscriptError
 from streamchat.generation.events import Event, NotResumed, PromptSkipped, TextDelta, TurnFinished
 from streamchat.interface.display import ChatDisplay, prompt_skipped_text
 from streamchat.interface.reporting import INTERRUPTED_EXIT_CODE
-from streamchat.interface.signals import termination_deferred
+from streamchat.interface.signals import interrupts_handled, termination_deferred
 from streamchat.interface.transcript import SkippedLine, SystemPrompt, TranscriptItem, TranscriptWriter, UserTurn
 from streamchat.storage.cache_file import StateKey
 from streamchat.storage.journal import Journal
@@ -43,8 +42,7 @@ def run_transcript(
         interrupted = True
         session.stop()
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
+    with interrupts_handled(on_interrupt):
         for item in items:
             if interrupted:  # a Ctrl-C between turns, or while waiting for the next line
                 break
@@ -61,8 +59,6 @@ def run_transcript(
                 # SIGHUP or SIGTERM stop the reply, and the run ends once the turn is written whole.
                 with termination_deferred(session.stop):
                     _play_turn(session, item.text, writer, display, journal, report)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if interrupted:
         return INTERRUPTED_EXIT_CODE
     return TranscriptError.exit_code if skipped else 0

@@ -84,6 +84,16 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
+def interrupts_handled(handler: Handler) -> Iterator[None]:
+    """Within the block, SIGINT calls `handler`; the handler before it is back when the block ends."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
 def termination_deferred(stop: Callable[[], None]) -> Iterator[None]:
     """Within the block, SIGHUP and SIGTERM call `stop()` (end the reply after this token);
     Terminated is raised when the block ends, whether it ends normally or not."""
