@@ -32,7 +32,10 @@ def serving(model: Path, data: Path) -> Iterator[tuple[subprocess.Popen, str, ht
     port = free_port()
     command = [sys.executable, "-m", "streamchat", "serve", "--model", str(model), "--port", str(port)]
     env = {**os.environ, "STREAMCHAT_DATA_DIR": str(data), "PYTHONPATH": str(Path.cwd())}
-    process = subprocess.Popen(in_foreground([*command, "--window", "64"]), env=env, stderr=subprocess.PIPE, text=True)
+    # A reply runs until the test stops it: the default limit on a reply's length is the window, 64 tokens,
+    # which a reply could reach before a kill meant to land mid-reply.
+    command += ["--window", "64", "--max-tokens-limit", "1000000"]
+    process = subprocess.Popen(in_foreground(command), env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS) as client:
@@ -85,7 +88,8 @@ def test_after_a_kill_mid_reply_every_conversation_goes_on_from_its_journal(tmp_
         body = {"messages": [{"role": "user", "content": "On and on."}], "stream": True, "max_tokens": 100_000}
         with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             in_flight = response.headers["x-streamchat-conversation"]
-            next(line for line in response.iter_lines() if '"content"' in line)  # the reply is under way
+            lines = response.iter_lines()  # kept: a dropped line iterator closes the response, and the client leaves
+            next(line for line in lines if '"content"' in line)  # the reply is under way
             process.kill()  # kill -9: no state written, the reply in flight lost
         process.wait(timeout=HANG_GUARD_SECONDS)
     first = answered.headers["x-streamchat-conversation"]

@@ -17,19 +17,26 @@ VOCAB = 700  # covers the offline byte-level tokenizer (600 tokens)
 
 
 def save_tiny_chat_model(directory: Path) -> Path:
-    """A random llama with a ChatML tokenizer that never ends a reply by itself.
+    """A random llama with a ChatML tokenizer that never ends a reply by itself, greedy or sampled.
 
-    Its output rows for the tokenizer's special tokens are zeroed: among hundreds of
-    random logits, a logit of 0 is never the largest, so replies run to the length
-    limit and a test can interrupt them.
+    One feature of the residual stream is a constant no layer writes (every embedding holds it, every
+    layer's output rows for it are zero), so after the final norm it is always positive. The output rows
+    of the tokenizer's special tokens (the reply-ending ones among them) read only that feature, strongly
+    negated: their logits are far below every other, and no temperature, top-p or seed draws them. Replies
+    run to the length limit, and a test can interrupt them.
     """
     tokenizer = byte_level_tokenizer()
     model = tiny_model("llama", vocab_size=VOCAB)
     special = sorted(set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")})
-    with torch.no_grad():
-        weights = model.get_output_embeddings().weight.clone()
-        weights[special] = 0
-    state = {**model.state_dict(), "lm_head.weight": weights}
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    state["model.embed_tokens.weight"][:, 0] = 0.1  # the constant feature: dimension 0
+    for name in state:
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            state[name][0] = 0  # no layer writes it
+    head = state["lm_head.weight"]
+    head[:, 0] = 0  # other tokens do not read it
+    head[special] = 0
+    head[special, 0] = -50.0
     model.save_pretrained(directory, state_dict=state)
     tokenizer.save_pretrained(directory)
     return directory
