@@ -1,23 +1,23 @@
 """Engine: every conversation's next forward pass, run together, one step at a time.
 
     engine = Engine(model)
-    engine.submit(reply)                               # a reply decodes in every step until it ends
-    ticket = engine.queue(PromptChunk(cache, ids))     # or one piece of work: a prompt chunk
-    engine.step()                                      # draw -> schedule -> run -> settle
-    fed = ticket.result()                              # the logits after it, what it evicted
-    engine.leave(cache)                                # a conversation stopped waiting: its work and row go
+    engine.submit(request)     # a reply to decode, a text to read: it works in every step until it ends
+    engine.step()              # draw -> schedule -> run -> settle
+    engine.leave(cache)        # a conversation stopped waiting: its request, work and row go
 
 One step is one forward pass (nano-vllm's LLMEngine.step), in four phases:
 
-    draw        every decoding reply's next token, with its own settings and seed (Decoding.next_work)
-    schedule    those tokens, then prompt chunks up to a token budget (engine/scheduler.py)
+    draw        each request's next work: a reply's token, drawn with its own settings and seed; a text's next
+                chunk (Request.next_work)
+    schedule    the replies' tokens, then text chunks up to a token budget (engine/scheduler.py)
     run         all of them in one forward pass (engine/runner.py)
-    settle      each reply's token detokenized and checked for a stop (Decoding.advance); each ticket filled
+    settle      each reply's token detokenized and checked for a stop, each chunk's eviction and progress noted
+                (Request.advance)
 
 A reply's token is drawn at the start of the step that feeds it, not at the end of the one
 before, so a stop asked for between two steps (Ctrl-C, a client gone) is heeded before
-another token is drawn. What the replies say waits in each one for whoever drives the steps
-to hand on (streamchat.generation.engine_steps).
+another token is drawn (a text's chunk likewise). What the requests say waits in each one for
+whoever drives the steps to hand on (streamchat.generation.engine_steps).
 
 Decoding is bound by reading the weights, so a step for eight conversations costs little
 more than a step for one, and a prompt chunk read in the same pass shares the reads.
@@ -31,36 +31,26 @@ from streamchat import defaults
 from streamchat.cache import SinkCache
 from streamchat.engine.runner import Runner
 from streamchat.engine.scheduler import schedule
-from streamchat.engine.work import Decoding, Fed, Ticket, Work
+from streamchat.engine.work import Fed, Request, Ticket
 
 
 class Engine:
-    """The decoding replies and queued work of every conversation over one model, and the steps that run them."""
+    """The requests of every conversation over one model, and the steps that run them."""
 
     def __init__(self, model: Any, token_budget: int = defaults.STEP_TOKEN_BUDGET) -> None:
         self.runner = Runner(model)
         self.token_budget = token_budget
-        self._queued: list[Ticket] = []
-        # Every reply decoding, in the order they came: between steps, each waits here for its next token's draw
-        # (within a step, its token is a queued ticket's work).
-        self._drawing: list[Decoding] = []
+        self._queued: list[Ticket] = []  # work drawn and not yet run (a chunk past a step's budget waits here)
+        # Every request going on, in the order they came, but those whose work is queued: each waits here for its
+        # next work's draw.
+        self._drawing: list[Request] = []
         self.steps = 0  # steps run
         self.rows_fed = 0  # decode tokens they fed
-        self.chunk_tokens = 0  # prompt tokens they read
+        self.chunk_tokens = 0  # text tokens they read
 
-    def submit(self, reply: Decoding) -> None:
-        """Decode `reply` from the coming step on, a token each step, until it ends."""
-        self._drawing.append(reply)
-
-    def queue(self, work: Work) -> Ticket:
-        """Ask for `work` in a coming step; its ticket settles when a step ran it."""
-        ticket = Ticket(work)
-        self._queued.append(ticket)
-        return ticket
-
-    def withdraw(self, ticket: Ticket) -> None:
-        """Take back work not yet run (its conversation stopped waiting for it)."""
-        self._queued = [queued for queued in self._queued if queued is not ticket]
+    def submit(self, request: Request) -> None:
+        """Work on `request` from the coming step on, each step, until it ends."""
+        self._drawing.append(request)
 
     def has_work(self) -> bool:
         return bool(self._queued or self._drawing)
@@ -68,16 +58,16 @@ class Engine:
     def step(self) -> bool:
         """Run the next step: draw, schedule, one forward pass, settle; False when nothing could run.
 
-        A failure of the pass (out of memory, a bug) reaches every reply and ticket of the step:
-        each conversation waiting on one hears of it, and the engine goes on without them.
+        A failure of the pass (out of memory, a bug) reaches every request of the step: each ends with it, its
+        conversation hears of it, and the engine goes on without them.
         """
         self._draw()
         scheduled = schedule(self._queued, self.runner.members, self.token_budget)
         if not scheduled:
             return False
         tickets = scheduled.tickets
-        running = {id(ticket) for ticket in tickets}
-        self._queued = [ticket for ticket in self._queued if id(ticket) not in running]
+        running = {id(ticket.request) for ticket in tickets}
+        self._queued = [ticket for ticket in self._queued if id(ticket.request) not in running]
         try:
             outcomes: list[Fed | BaseException] = list(self.runner.run(scheduled))
         except Exception as error:
@@ -87,51 +77,48 @@ class Engine:
             self.rows_fed += len(scheduled.rows)
             self.chunk_tokens += sum(ticket.work.tokens for ticket in scheduled.chunks)
         for ticket, outcome in zip(tickets, outcomes, strict=True):
-            self._settle(ticket, outcome)
+            self._settle(ticket.request, outcome)
         return True
 
     def leave(self, cache: SinkCache) -> None:
-        """`cache`'s conversation stopped (its reply ended, or was abandoned): its reply and queued work are dropped
-        and it leaves the pool."""
+        """`cache`'s conversation stopped (its request ended, or was abandoned): its request and queued work are
+        dropped and it leaves the pool."""
         self._queued = [ticket for ticket in self._queued if ticket.work.cache is not cache]
-        self._drawing = [reply for reply in self._drawing if reply.cache is not cache]
+        self._drawing = [request for request in self._drawing if request.cache is not cache]
         self.runner.leave(cache)
 
     # ---- the phases of a step ----------------------------------------------------------------
 
     def _draw(self) -> None:
-        """Each decoding reply's next token, as a piece of work queued for this step."""
+        """Each request's next work, queued for this step."""
         drawing, self._drawing = self._drawing, []
-        for reply in drawing:
+        for request in drawing:
             try:
-                work = reply.next_work()
-            except Exception as error:  # its sampler failed (out of memory): that reply fails, the rest go on
-                self._end(reply, error)
+                work = request.next_work()
+            except Exception as error:  # its sampler failed (out of memory): that request fails, the rest go on
+                self._end(request, error)
                 continue
             if work is None:
-                self._end(reply)
+                self._end(request)
             else:
-                self._queued.append(Ticket(work, reply))
+                self._queued.append(Ticket(work, request))
 
-    def _settle(self, ticket: Ticket, outcome: Fed | BaseException) -> None:
-        reply = ticket.reply
-        if reply is None:
-            ticket.settle(outcome)
-            return
+    def _settle(self, request: Request, outcome: Fed | BaseException) -> None:
         if isinstance(outcome, BaseException):
-            self._end(reply, outcome)
+            self._end(request, outcome)
             return
         try:
-            goes_on = reply.advance(outcome)
+            goes_on = request.advance(outcome)
         except Exception as error:
-            self._end(reply, error)
+            self._end(request, error)
             return
         if goes_on:
-            self._drawing.append(reply)
+            self._drawing.append(request)
         else:
-            self._end(reply)
+            self._end(request)
 
-    def _end(self, reply: Decoding, error: BaseException | None = None) -> None:
-        """A reply ended: it leaves the pool now, between steps, so the next step's rows need no word from it."""
-        self.runner.leave(reply.cache)
-        reply.end(error)
+    def _end(self, request: Request, error: BaseException | None = None) -> None:
+        """A request ended: a reply leaves the pool now, between steps, so the next step's rows need no word
+        from it."""
+        self.runner.leave(request.cache)
+        request.end(error)

@@ -3,7 +3,9 @@
     DecodeRow(cache, token, token_id, label)   a reply's next token [1]: one row of the batched decode
     PromptChunk(cache, ids, label)              prompt tokens [1, n]: read into the cache in one piece
     Fed(logits, eviction)       the logits after the work's last token [1, 1, vocab], what it evicted
-    Decoding                    a reply decoding in the engine: its next work each step, what it makes of the outcome
+    Request                     a reply decoding or a text being read: its next work each step, what it makes
+                                of the outcome
+    Ticket(work, request)       a piece of work queued, and whose it is
 
 A conversation has at most one piece of work queued at a time: it needs the logits of
 one to know the next.
@@ -58,41 +60,27 @@ class Fed(NamedTuple):
     eviction: Eviction | None
 
 
-class Decoding(Protocol):
-    """A reply decoding in the engine's steps (streamchat.generation.engine_steps.DecodingReply): the engine asks
-    it for its next work at the start of each step (its token, drawn with its own settings and seed) and hands it
-    the outcome at the end (detokenized and checked for a stop there), until it ends."""
+class Request(Protocol):
+    """What a conversation asks of the engine's steps until it ends: a reply to decode
+    (streamchat.generation.engine_steps.DecodingReply) or a text to read (streamchat.generation.prompt_reading.Reading).
+    The engine asks it for its next work at the start of each step (a reply's token, drawn with its own settings
+    and seed; a text's next chunk) and hands it the outcome at the end (a token detokenized and checked for a
+    stop there; a chunk's eviction and progress)."""
 
     cache: SinkCache
 
     def next_work(self) -> Work | None:
-        """The work of its next token; None when the reply ends before it (a stop was asked for)."""
+        """The work of its next step; None when it ends before it (a stop was asked for)."""
 
     def advance(self, fed: Fed) -> bool:
-        """What the step made of its work; False when the reply ends there."""
+        """What the step made of its work; False when it ends there."""
 
     def end(self, error: BaseException | None) -> None:
-        """The reply ended, or failed with `error` (its step's, or its own): the engine holds it no longer."""
+        """It ended, or failed with `error` (its step's, or its own): the engine holds it no longer."""
 
 
-class Ticket:
-    """Where a piece of work's outcome lands once a step ran it: Fed, or the failure of its step; or, for a
-    decoding reply's work, the reply it goes on with."""
+class Ticket(NamedTuple):
+    """A piece of work queued for a step, and the request it goes on with."""
 
-    def __init__(self, work: Work, reply: Decoding | None = None) -> None:
-        self.work = work
-        self.reply = reply
-        self._outcome: Fed | BaseException | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._outcome is not None
-
-    def settle(self, outcome: Fed | BaseException) -> None:
-        self._outcome = outcome
-
-    def result(self) -> Fed:
-        """What the step gave; raises the step's failure (out of memory, a bug) in whoever waits for it."""
-        if isinstance(self._outcome, BaseException):
-            raise self._outcome
-        return self._outcome
+    work: Work
+    request: Request

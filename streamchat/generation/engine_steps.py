@@ -1,25 +1,25 @@
 """A conversation's forward passes, taken by the engine in steps shared with other conversations.
 
     steps = EngineSteps(engine)
-    # in the conversation's token loop, when its session runs in the engine (streamchat serve):
+    # in the conversation's token loop, when its session runs in the engine:
     reply = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
-    yield from steps.decode(reply)                  # Waiting(reply) until it ended, then what it said last
-    fed = yield from steps.read(cache, ids, label)  # a prompt chunk: Waiting() until the step that read it ran
+    yield from steps.run(reply)    # Waiting(reply) until it ended, then what it said last
+    yield from steps.run(reading)  # a text to read (generation/prompt_reading.py: Reading), the same way
     copied = yield from steps.copy_sinks(cache, ids, label)  # a new conversation's sinks, where another read them
-    steps.leave(decoder)                            # its turn ended, or was abandoned
-    step = engine_step(model, decoder)              # a benchmark's: each call, a step of an endless reply
+    step = engine_step(model, decoder)  # a benchmark's: each call, a step of an endless reply
     # whoever drives the conversations (the server's worker), each round:
-    engine.step()                                   # then each reply's events: reply.said()
+    engine.step()                  # then each request's events: request.said()
 
 A decoding reply is the engine's to step (streamchat.engine): at the start of each step it
 draws its token from its own logits, with its own settings and seeded sampler, exactly as
 its Decoder does alone; at the end it reads the logits the step gave, detokenizes the
-token and checks it for a stop. Its events wait in it: whoever drives the engine takes them
-after each step, and resumes the conversation only once the reply ended, so a token's text
-reaches its client without passing through the conversation's turn. A conversation yields
-Waiting, not an event, while it waits for a step. One that has the engine to itself
-(`drives`: the chat, a piped run) runs the steps itself instead, yields its reply's events
-after each, and never Waiting.
+token and checks it for a stop. A text being read (a prompt, a replayed message) is the
+engine's the same way, a chunk a step. Their events wait in them: whoever drives the
+engine takes them after each step, and resumes the conversation only once the request
+ended, so a token's text reaches its client without passing through the conversation's
+turn. A conversation yields Waiting, not an event, while it waits for steps. One that has
+the engine to itself (`drives`: the chat, a piped run) runs the steps itself instead,
+yields the request's events after each, and never Waiting.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import Eviction
@@ -38,13 +36,14 @@ from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
 from streamchat.errors import CacheStateError
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.events import CacheOccupancy, Event, Evicted, TextDelta
+from streamchat.generation.prompt_reading import Reading
 from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Settled
 
 
 class DecodingReply:
     """A reply being decoded: what each token fed means for it (settle), and, in the engine's steps
-    (engine/work.py: Decoding), its next token drawn and its step's outcome."""
+    (engine/work.py: Request), its next token drawn and its step's outcome."""
 
     def __init__(
         self,
@@ -106,10 +105,11 @@ class DecodingReply:
 @dataclass(frozen=True)
 class Waiting:
     """A conversation sharing the engine waits for a step: whoever drives the engine moves the others on, then
-    runs it. With `reply`, it waits for that reply to end, however many steps that takes: the reply's events
-    wait in it after each step, for the driver to hand on (or for the conversation, resumed early, to yield)."""
+    runs it. With `request`, it waits for that request (a DecodingReply, a Reading) to end, however many steps
+    that takes: its events wait in it after each step, for the driver to hand on (or for the conversation,
+    resumed early, to yield)."""
 
-    reply: DecodingReply | None = None
+    request: DecodingReply | Reading | None = None
 
 
 class _Endless:
@@ -162,34 +162,23 @@ class EngineSteps:
         self.drives = drives  # the engine is this conversation's alone: it runs each step as its work is queued
         self.shared_sinks = shared_sinks  # where conversations that begin alike share their sinks
 
-    def decode(self, reply: DecodingReply) -> Generator[Event | Waiting, None, None]:
-        """Decode `reply` in the engine's steps until it ends: its events after each step it runs itself, or
-        Waiting(reply) while another drives the steps (and takes the events); what is left after it ended. Raises
-        what ended it, when a failure did (its draw's, its step's)."""
-        self.engine.submit(reply)
-        while not reply.ended:
-            if self.drives:
-                self._run_step(lambda: reply.ended)
-            else:
-                yield Waiting(reply)
-            yield from reply.said()
-        if reply.error is not None:
-            raise reply.error
-
-    def read(self, cache: SinkCache, ids: torch.Tensor, label: int) -> Generator[Waiting, None, Fed]:
-        """Read prompt tokens ids [1, n] into `cache` in one step's pass, recorded with `label`; the logits after
-        them."""
-        ticket = self.engine.queue(PromptChunk(cache, ids, label))
+    def run(self, request: DecodingReply | Reading) -> Generator[Event | Waiting, None, None]:
+        """Work on `request` in the engine's steps until it ends: its events after each step it runs itself, or
+        Waiting(request) while another drives the steps (and takes the events); what is left after it ended.
+        Raises what ended it, when a failure did (its draw's, its step's)."""
+        self.engine.submit(request)
         try:
-            while not ticket.done:
+            while not request.ended:
                 if self.drives:
-                    self._run_step(lambda: ticket.done)
+                    self._run_step(lambda: request.ended)
                 else:
-                    yield Waiting()
+                    yield Waiting(request)
+                yield from request.said()
         finally:
-            if not ticket.done:  # abandoned while queued (or interrupted): no step may feed it behind its back
-                self.engine.withdraw(ticket)
-        return ticket.result()
+            if not request.ended:  # abandoned (or interrupted): no step may go on with it behind its back
+                self.engine.leave(request.cache)
+        if request.error is not None:
+            raise request.error
 
     def copy_sinks(self, cache: SinkCache, ids: list[int], label: int) -> Generator[Waiting, None, bool]:
         """Into the empty `cache`, the sinks `ids` as another conversation read them (waiting while one reads
@@ -197,10 +186,6 @@ class EngineSteps:
         while (taken := self.shared_sinks.take(cache, ids, label)) == "wait":
             yield Waiting()
         return taken == "copied"
-
-    def leave(self, decoder: Decoder) -> None:
-        """`decoder`'s reply ended (or its turn was abandoned): its row leaves the pool, between steps."""
-        self.engine.leave(decoder.cache)
 
     def _run_step(self, done: Callable[[], bool]) -> None:
         """Run the engine's next step, this conversation's alone (one that runs nothing is fine when the wait is

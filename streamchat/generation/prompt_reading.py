@@ -1,4 +1,4 @@
-"""Which tokens of a long text the cache reads, and how far a long read has come.
+"""Which tokens of a long text the cache reads, how far a long read has come, and the read itself.
 
 The cache holds the sinks and one window. A text longer than that (a replayed
 conversation, a pasted log) is read from its start only up to the sinks, and from its
@@ -6,15 +6,24 @@ end over the last REPLAYED_WINDOWS windows: the tokens that stay in the window a
 computed with a full window before them, as when they streamed. The middle would be
 evicted again before the model could answer, so skipping it changes what the model
 sees only by what the first of those windows was computed after.
+
+    reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
+    # in the engine's steps (engine/work.py: Request), or alone: next_work() -> fed -> advance(fed) ...
+    reading.logits, reading.events          # the logits after its last token; what it said
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
-from streamchat.generation.events import PromptProgress
+import torch
+
+from streamchat.cache import SinkCache
+from streamchat.cache.ledger import Eviction
+from streamchat.engine.work import Fed, PromptChunk
+from streamchat.generation.events import CacheOccupancy, Event, Evicted, PromptProgress
 
 # A replay, or a long prompt, feeds the last this-many windows of its text.
 REPLAYED_WINDOWS = 2
@@ -63,3 +72,79 @@ class ReadingProgress:
             return None
         elapsed = time.perf_counter() - self.started
         return PromptProgress(self.read, self.total, self.read / elapsed if elapsed > 0 else 0.0, self.reading)
+
+
+class Reading:
+    """Tokens read into a cache a chunk of `step` tokens per forward pass (engine/work.py: Request), in `parts`:
+    each part's tokens, then how many tokens after them are skipped (counted as forgotten). After each chunk,
+    its eviction and, with a `progress`, how far the read has come (with `occupancy`, the cache's too). With
+    `stop_requested`, a stop asked for is heeded before a chunk once there are logits to answer from (`logits`,
+    given: those of the tokens read before)."""
+
+    def __init__(
+        self,
+        cache: SinkCache,
+        parts: list[tuple[list[int], int]],
+        label: int,
+        step: int,
+        evicted: Callable[[Eviction], Evicted],
+        *,
+        progress: ReadingProgress | None = None,
+        occupancy: bool = False,
+        stop_requested: Callable[[], bool] | None = None,
+        logits: torch.Tensor | None = None,
+    ) -> None:
+        self.cache, self.label = cache, label
+        self.tokens = sum(len(ids) for ids, _ in parts)  # to read, all told
+        self.logits = logits  # [1, 1, vocab] after the last token read; None until one is
+        self.events: list[Event] = []  # said since whoever drives it last took them
+        self.stopped = False  # a stop ended it before its last chunk
+        self.ended = False
+        self.error: BaseException | None = None
+        # What is left to do, in order: chunks to read (lists of ids) and counts of tokens skipped (ints).
+        self._left: list[list[int] | int] = []
+        for ids, skipped in parts:
+            self._left += [ids[start : start + step] for start in range(0, len(ids), step)]
+            self._left.append(skipped)
+        self._chunks_left = len(self._left) - len(parts)
+        self._evicted, self._progress, self._occupancy = evicted, progress, occupancy
+        self._stop_requested = stop_requested
+        self._reading = 0  # the tokens of the chunk being read
+
+    def next_work(self) -> PromptChunk | None:
+        """The next chunk (the skips before it counted); None when there is none, or a stop was asked for."""
+        self._count_skipped()
+        if not self._chunks_left:
+            return None
+        if self.logits is not None and self._stop_requested is not None and self._stop_requested():
+            self.stopped = True
+            return None
+        chunk = self._left.pop(0)
+        self._chunks_left -= 1
+        self._reading = len(chunk)
+        return PromptChunk(self.cache, torch.tensor([chunk], device=self.cache.device), self.label)
+
+    def advance(self, fed: Fed) -> bool:
+        """A chunk was read: its logits kept, its eviction and progress said; False when it was the last."""
+        self.logits = fed.logits
+        if fed.eviction is not None:
+            self.events.append(self._evicted(fed.eviction))
+        if self._progress is not None and (event := self._progress.advance(self._reading)) is not None:
+            self.events.append(event)
+            if self._occupancy:
+                self.events.append(CacheOccupancy(self.cache.stats(), 0.0))
+        return self._chunks_left > 0
+
+    def end(self, error: BaseException | None) -> None:
+        if error is None and not self.stopped:
+            self._count_skipped()  # those after the last chunk
+        self.ended, self.error = True, error
+
+    def said(self) -> list[Event]:
+        """The events since the last call."""
+        events, self.events = self.events, []
+        return events
+
+    def _count_skipped(self) -> None:
+        while self._left and isinstance(self._left[0], int):
+            self.cache.count_skipped(self._left.pop(0), self.label)

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache import SinkCache
-from streamchat.cache.feeding import chunk_sizes, forward
+from streamchat.cache.feeding import forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
+from streamchat.engine.work import Fed
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.engine_steps import DecodingReply, EngineSteps, Waiting
 from streamchat.generation.events import (
@@ -39,6 +40,7 @@ from streamchat.generation.events import (
 from streamchat.generation.out_of_memory import out_of_memory_reported
 from streamchat.generation.prompt_reading import (
     REPLAYED_WINDOWS,
+    Reading,
     ReadingProgress,
     prompt_parts,
     replayed_count,
@@ -153,11 +155,8 @@ class TokenLoop:
         if self.engine is None:
             yield from self._decode(decoding)
             return
-        try:
-            with out_of_memory_reported(self.device, "generating"):
-                yield from self.engine.decode(decoding)
-        finally:
-            self.engine.leave(self.decoder)  # between steps: the reply ended, or its turn was abandoned
+        with out_of_memory_reported(self.device, "generating"):
+            yield from self.engine.run(decoding)
 
     def _decode(self, decoding: DecodingReply) -> Generator[Event, None, None]:
         """The decoder's own steps, outside the engine; each token settled as the engine settles it."""
@@ -180,28 +179,14 @@ class TokenLoop:
 
     def feed(self, token_ids: list[int], message: int) -> Generator[Event | Waiting, None, torch.Tensor | None]:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
-        logits = None
-        start = 0
-        for size in chunk_sizes(len(token_ids), self.cache, self.prefill_chunk):
-            chunk = token_ids[start : start + size]
-            ids = torch.tensor([chunk], device=self.device)
-            with out_of_memory_reported(self.device, f"reading {size} tokens"):
-                if self.engine is not None:
-                    # Yields while the step waits: outside inference mode, which is the thread's, as the
-                    # driver (the server's worker) runs other conversations between two items.
-                    logits, eviction = yield from self.engine.read(self.cache, ids, message)
-                else:
-                    with torch.inference_mode():
-                        logits, eviction = forward(self.model, self.cache, ids, label=message)
-            if eviction is not None:
-                yield self._evicted(eviction)
-            start += size
-        return logits
+        reading = self._reading([(token_ids, 0)], message)
+        yield from self._read(reading)
+        return reading.logits
 
     def replay_progress(self, total: int) -> ReadingProgress:
         """The progress of a replay `total` tokens long, over the tokens it reads (replay_message's)."""
         read = replayed_count(total, self.cache.sinks, self.cache.window)
-        return ReadingProgress(read, min(self.prefill_chunk, self.cache.window), "conversation")
+        return ReadingProgress(read, self._chunk, "conversation")
 
     def replay_message(
         self, ids: list[int], start: int, total: int, message: int, progress: ReadingProgress
@@ -216,14 +201,8 @@ class TokenLoop:
         if shared and (event := progress.advance(shared)) is not None:
             yield event
             yield CacheOccupancy(self.cache.stats(), 0.0)
-        for part, skipped_after in ((head[shared:], len(ids) - len(head) - len(tail)), (tail, 0)):
-            # Pieces of one forward pass each: the chunks feed() would have cut, so the cache computes the same.
-            for piece in progress.pieces(part):
-                yield from self.feed(piece, message)
-                if (event := progress.advance(len(piece))) is not None:
-                    yield event
-                    yield CacheOccupancy(self.cache.stats(), 0.0)
-            self.cache.count_skipped(skipped_after, message)
+        parts = [(head[shared:], len(ids) - len(head) - len(tail)), (tail, 0)]
+        yield from self._read(self._reading(parts, message, progress=progress, occupancy=True))
         return shared if logits is None else 0
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -233,22 +212,17 @@ class TokenLoop:
     ) -> Generator[Event | Waiting, None, tuple[torch.Tensor, int, int]]:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
         (the last logits, tokens read, of them copied). Progress is reported, and stop() heeded, between passes."""
-        progress = ReadingProgress(len(head) + len(tail), min(self.prefill_chunk, self.cache.window))
+        progress = ReadingProgress(len(head) + len(tail), self._chunk)
         logits, shared = None, 0
         if len(head) + len(tail) > self.cache.sinks:  # more to read after the sinks: the logits come from it
             logits, shared = yield from self._share_sinks(head, message)
         copied = shared if logits is None else 0
         if shared and (event := progress.advance(shared)) is not None:
             yield event
-        for part, skipped_after in ((head[shared:], skipped), (tail, 0)):
-            for piece in progress.pieces(part):
-                if logits is not None and self.stop_agreed():
-                    return logits, progress.read, copied
-                logits = yield from self.feed(piece, message)
-                if (event := progress.advance(len(piece))) is not None:
-                    yield event
-            self.cache.count_skipped(skipped_after, message)
-        return logits, progress.read, copied
+        parts = [(head[shared:], skipped), (tail, 0)]
+        reading = self._reading(parts, message, progress=progress, stop_requested=self.stop_agreed, logits=logits)
+        yield from self._read(reading)
+        return reading.logits, progress.read, copied
 
     def _share_sinks(
         self, head: list[int], message: int
@@ -269,6 +243,31 @@ class TokenLoop:
             raise
         steps.shared_sinks.keep(self.cache, ids, message)
         return logits, sinks
+
+    @property
+    def _chunk(self) -> int:
+        """The most tokens one forward pass reads."""
+        return min(self.prefill_chunk, self.cache.window)
+
+    def _reading(self, parts: list[tuple[list[int], int]], message: int, **options: Any) -> Reading:
+        return Reading(self.cache, parts, message, self._chunk, self._evicted, **options)
+
+    def _read(self, reading: Reading) -> Generator[Event | Waiting, None, None]:
+        """Read `reading` through the cache: in the engine's steps, or a pass at a time here."""
+        with out_of_memory_reported(self.device, f"reading {reading.tokens:,} tokens"):
+            if self.engine is not None:
+                # Yields while the steps run: outside inference mode, which is the thread's, as the driver (the
+                # server's worker) runs other conversations between two items.
+                yield from self.engine.run(reading)
+                return
+            while (chunk := reading.next_work()) is not None:
+                with torch.inference_mode():
+                    fed = Fed(*forward(self.model, self.cache, chunk.ids, label=chunk.label))
+                goes_on = reading.advance(fed)
+                yield from reading.said()
+                if not goes_on:
+                    break
+            reading.end(None)
 
     def _make_room(self, incoming: int) -> Generator[Event, None, None]:
         """Make room ahead for `incoming` tokens; report what that evicted."""

@@ -25,6 +25,7 @@ from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import SessionFileError
+from streamchat.generation.engine_steps import Waiting
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.matching import ConversationIndex, is_session_id
@@ -157,7 +158,7 @@ class ConversationPool:
 
     def take(
         self, conversation: HeldConversation, history: list[Message] | None, system: str | None
-    ) -> Generator[Step, None, Taken]:
+    ) -> Generator[Step | Waiting, None, Taken]:
         """Make `conversation` live for a turn: `history` and `system` start a new one (replayed); a known one is
         restored from its state beside its journal (else replayed). 409 when another request holds it."""
         if conversation.busy:
@@ -185,7 +186,7 @@ class ConversationPool:
             self._free.append(conversation.session)
             conversation.session = None
 
-    def rewind(self, taken: Taken, history: list[Message]) -> Generator[Step, None, None]:
+    def rewind(self, taken: Taken, history: list[Message]) -> Generator[Step | Waiting, None, None]:
         """Make the conversation `taken` what its client resent, `history`: the same, or less than it says when
         the client left before it was sent a reply (or the end of one), which is then taken back by a replay."""
         session = taken.conversation.session
@@ -197,7 +198,7 @@ class ConversationPool:
         for event in session.restore(told):
             if isinstance(event, Replayed):
                 taken.restore_read += event.tokens - event.copied  # copied sinks were not read
-            yield STEP
+            yield event if isinstance(event, Waiting) else STEP
         feeds = session.chat_format.conversation_ids(session.transcript)
         taken.conversation.rendered_tokens = sum(len(ids) for ids in feeds)
 
@@ -259,7 +260,7 @@ class ConversationPool:
 
     def _restore(
         self, conversation: HeldConversation, session: ChatSession, history: list[Message] | None, system: str | None
-    ) -> Generator[Step, None, int]:
+    ) -> Generator[Step | Waiting, None, int]:
         path = conversation.journal.path
         if path is None:
             state = ConversationState(list(history or []), system, dict(self._new_conversation_settings))
@@ -272,7 +273,7 @@ class ConversationPool:
                 read = event.tokens - event.copied  # copied sinks were not read
             elif isinstance(event, NotResumed):
                 log.info("conversation %s replayed: %s", conversation.id, event.reason)
-            yield STEP
+            yield event if isinstance(event, Waiting) else STEP
         if not conversation.rendered_tokens:  # a parked conversation's length was kept; a new or saved one is counted
             feeds = session.chat_format.conversation_ids(session.transcript)
             conversation.rendered_tokens = sum(len(ids) for ids in feeds)

@@ -1,11 +1,12 @@
 """The one thread that owns the model: it runs every request's turn, and the engine's steps.
 
 Requests hand it their turns (streamchat.serve.turn). Each round it moves every turn on to
-the point where it waits for the engine (a prompt chunk or a replayed message queued, a
-reply submitted), runs the engine's step (streamchat.engine: every reply's next token drawn,
-the prompt chunks a token budget allows, one forward pass, each reply's token detokenized
-and checked for a stop), then hands each decoding reply's text to its request straight from
-the reply: a turn is resumed only once its reply ended, not for every token. Concurrent
+the point where it waits for the engine (a prompt or a replayed message to read, a reply to
+decode: a request submitted), runs the engine's step (streamchat.engine: every reply's next
+token drawn, the prompt chunks a token budget allows, one forward pass, each reply's token
+detokenized and checked for a stop), then hands each decoding reply's text to its request
+straight from the reply: a turn is resumed only once its engine request ended, not for every
+token or chunk. Concurrent
 replies cost little more than one, and a new message is read in the pass that decodes the
 others. Each item goes to its request through `deliver` (the request's asyncio queue, via
 call_soon_threadsafe).
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from streamchat.generation.engine_steps import DecodingReply, Waiting
 from streamchat.generation.events import TextDelta
+from streamchat.generation.prompt_reading import Reading
 from streamchat.serve.openai_api import ApiError
 from streamchat.serve.pool import ConversationPool, Step
 from streamchat.serve.turn import Delta, Turn
@@ -51,11 +53,11 @@ class Job:
 
 @dataclass(eq=False)
 class _Running:
-    """A turn under way: its items, and the reply it waits on while that decodes in the engine's steps."""
+    """A turn under way: its items, and the engine request it waits on (a reply decoding, a text being read)."""
 
     job: Job
     items: Iterator[object]
-    reply: DecodingReply | None = None
+    awaited: DecodingReply | Reading | None = None
 
 
 class Worker:
@@ -134,7 +136,7 @@ class Worker:
                 if engine is not None and engine.has_work():
                     engine.step()  # what the turns queued this round, and every reply's next token, in one pass
                 for turn in running:
-                    if turn.reply is not None:
+                    if turn.awaited is not None:
                         self._hand_on(turn)
                 if running and all(waiting):
                     with self._condition:
@@ -145,7 +147,7 @@ class Worker:
     def _advance(self, turn: _Running) -> bool | None:
         """Move `turn` on (its items delivered on the way): True when it waits for a session, False when it
         worked or waits for the engine, None when it ended."""
-        if turn.reply is not None:  # decoding: the turn goes on when the reply ended
+        if turn.awaited is not None:  # in the engine: the turn goes on when its request ended
             turn.job.turn.heed_stop()
             return False
         job = turn.job
@@ -160,7 +162,7 @@ class Worker:
                 log.exception("a request failed")
                 return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
             if isinstance(item, Waiting):
-                turn.reply = item.reply
+                turn.awaited = item.request
                 return False
             if isinstance(item, Step):
                 if item.waiting and job.turn.stopped:  # its client left before the turn began: it ends here
@@ -170,13 +172,13 @@ class Worker:
             _deliver(job, item)
 
     def _hand_on(self, turn: _Running) -> None:
-        """A step ran: the text its reply said goes to the request; the turn goes on once the reply ended (and
-        hears of what ended it, where a failure did)."""
-        for event in turn.reply.said():
+        """A step ran: the text a reply said goes to the request; the turn goes on once its engine request ended
+        (and hears of what ended it, where a failure did)."""
+        for event in turn.awaited.said():
             if isinstance(event, TextDelta):
                 _deliver(turn.job, Delta(event.text))
-        if turn.reply.ended:
-            turn.reply = None
+        if turn.awaited.ended:
+            turn.awaited = None
 
     def _end(self, job: Job, last: object) -> None:
         if last is not END:

@@ -1,8 +1,7 @@
-"""The engine's step: draw, schedule, one pass, settle; a failure reaches every reply and ticket of its step."""
+"""The engine's step: draw, schedule, one pass, settle; a failure reaches every request of its step."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from streamchat.cache import SinkCache, forward
@@ -18,70 +17,110 @@ def read(model, sinks: int, length: int) -> SinkCache:
     return cache
 
 
+class Once:
+    """A request (engine/work.py) of one piece of work, recording what the engine told it."""
+
+    def __init__(self, work) -> None:
+        self.work, self.cache = work, work.cache
+        self.fed: list[Fed] = []
+        self.ended: tuple[BaseException | None] | None = None
+
+    def next_work(self):
+        return self.work
+
+    def advance(self, fed: Fed) -> bool:
+        self.fed.append(fed)
+        return False
+
+    def end(self, error: BaseException | None) -> None:
+        self.ended = (error,)
+
+
+def submitted(engine: Engine, work) -> Once:
+    request = Once(work)
+    engine.submit(request)
+    return request
+
+
 def test_a_step_feeds_rows_and_chunks_together_and_counts_them():
     model = tiny_model("llama")
     engine = Engine(model, token_budget=64)
     decoding, reading = read(model, 4, 10), SinkCache.for_model(model, 4, 40)
-    row = engine.queue(DecodeRow(decoding, torch.tensor([5])))
-    chunk = engine.queue(PromptChunk(reading, torch.arange(3, 15)[None]))
-    assert engine.has_work() and not row.done
+    row = submitted(engine, DecodeRow(decoding, torch.tensor([5])))
+    chunk = submitted(engine, PromptChunk(reading, torch.arange(3, 15)[None]))
+    assert engine.has_work() and row.ended is None
     engine.step()
-    assert row.done and chunk.done and not engine.has_work()
-    assert row.result().logits.shape == chunk.result().logits.shape == (1, 1, VOCAB)
+    assert row.ended == chunk.ended == (None,) and not engine.has_work()
+    assert row.fed[0].logits.shape == chunk.fed[0].logits.shape == (1, 1, VOCAB)
     assert (engine.steps, engine.rows_fed, engine.chunk_tokens) == (1, 1, 12)
     assert decoding.stats().seen == 11 and reading.stats().seen == 12
     assert engine.runner.members == []  # one reply decodes through its own cache: no pool
+
+
+def test_chunks_past_the_step_s_token_budget_wait_for_the_next_step_in_the_order_they_came():
+    model = tiny_model("llama")
+    engine = Engine(model, token_budget=16)
+    first, second, third = (SinkCache.for_model(model, 4, 40) for _ in range(3))
+    chunks = [submitted(engine, PromptChunk(cache, torch.arange(3, 13)[None])) for cache in (first, second, third)]
+    engine.step()
+    assert [chunk.ended for chunk in chunks] == [(None,), None, None]  # the oldest always goes; 20 > 16
+    engine.step()
+    assert [chunk.ended for chunk in chunks] == [(None,), (None,), None]
+    engine.step()
+    assert all(chunk.ended == (None,) for chunk in chunks) and not engine.has_work()
 
 
 def test_replies_share_the_pool_while_two_decode_and_the_last_one_leaves_it_alone():
     model = tiny_model("llama")
     engine = Engine(model)
     first, second = read(model, 4, 10), read(model, 5, 12)
-    for cache in (first, second):
-        engine.queue(DecodeRow(cache, torch.tensor([5])))
+    replies = [ScriptedReply(cache, [5, 6]) for cache in (first, second)]
+    for reply in replies:
+        engine.submit(reply)
     engine.step()
     assert engine.runner.members == [first, second]
     engine.leave(first)
     assert engine.runner.members == []  # the last one owns its storage again
     assert second.layers[0].keys._base is None
-    engine.queue(DecodeRow(second, torch.tensor([6])))
     engine.step()
-    assert second.stats().seen == 14 and engine.rows_fed == 3
+    assert second.stats().seen == 14 and engine.rows_fed == 3 and replies[0].ended is None
 
 
-def test_a_failed_step_fails_every_ticket_in_it_and_the_engine_goes_on():
+def test_a_failed_step_fails_every_request_in_it_and_the_engine_goes_on():
     model = tiny_model("llama")
     engine = Engine(model)
     short = SinkCache.for_model(model, 4, 40)  # sinks not filled: it cannot be a decode row
     other = SinkCache.for_model(model, 4, 40)
-    bad = engine.queue(DecodeRow(short, torch.tensor([5])))
-    bystander = engine.queue(PromptChunk(other, torch.arange(3, 9)[None]))
+    bad = submitted(engine, DecodeRow(short, torch.tensor([5])))
+    bystander = submitted(engine, PromptChunk(other, torch.arange(3, 9)[None]))
     engine.step()
-    for ticket in (bad, bystander):
-        with pytest.raises(CacheStateError, match="sinks filled"):
-            ticket.result()
-    assert engine.steps == 0
-    again = engine.queue(PromptChunk(SinkCache.for_model(model, 4, 40), torch.arange(3, 9)[None]))
+    for request in (bad, bystander):
+        assert isinstance(request.ended[0], CacheStateError) and "sinks filled" in str(request.ended[0])
+    assert engine.steps == 0 and not engine.has_work()
+    again = submitted(engine, PromptChunk(SinkCache.for_model(model, 4, 40), torch.arange(3, 9)[None]))
     engine.step()
-    assert again.result().logits.shape == (1, 1, VOCAB)
+    assert again.ended == (None,) and again.fed[0].logits.shape == (1, 1, VOCAB)
 
 
-def test_work_withdrawn_or_left_behind_is_never_fed():
+def test_a_request_left_behind_is_never_fed():
     model = tiny_model("llama")
-    engine = Engine(model)
-    withdrawn_cache, leaving = SinkCache.for_model(model, 4, 40), read(model, 4, 10)
-    withdrawn = engine.queue(PromptChunk(withdrawn_cache, torch.arange(3, 9)[None]))
-    left = engine.queue(DecodeRow(leaving, torch.tensor([5])))
-    engine.withdraw(withdrawn)
+    engine = Engine(model, token_budget=8)
+    reading, waiting, leaving = SinkCache.for_model(model, 4, 40), SinkCache.for_model(model, 4, 40), read(model, 4, 10)
+    submitted(engine, PromptChunk(reading, torch.arange(3, 9)[None]))
+    queued = submitted(engine, PromptChunk(waiting, torch.arange(3, 9)[None]))  # past the budget: queued
+    left = submitted(engine, DecodeRow(leaving, torch.tensor([5])))
     engine.leave(leaving)
+    engine.step()
+    engine.leave(waiting)
     assert not engine.has_work()
     engine.step()
-    assert not withdrawn.done and not left.done
-    assert withdrawn_cache.stats().seen == 0 and leaving.stats().seen == 10
+    assert queued.ended is None and left.ended is None
+    assert waiting.stats().seen == 0 and leaving.stats().seen == 10 and reading.stats().seen == 6
 
 
 class ScriptedReply:
-    """A Decoding (engine/work.py) that feeds `tokens` one per step, recording what the engine asked and told it."""
+    """A reply (engine/work.py: Request) that feeds `tokens` one per step, recording what the engine asked and told
+    it."""
 
     def __init__(self, cache: SinkCache, tokens: list[int], fail_at: int | None = None) -> None:
         self.cache, self.tokens, self.fail_at = cache, tokens, fail_at

@@ -58,8 +58,8 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
     chunk, first = ids(17, 10), ids(6, 11)
 
     scheduled = Scheduled(
-        rows=[Ticket(DecodeRow(cache, token)) for cache, token in zip(mixed, tokens, strict=False)],
-        chunks=[Ticket(PromptChunk(mixed[2], chunk)), Ticket(PromptChunk(mixed[3], first))],
+        rows=[Ticket(DecodeRow(cache, token), None) for cache, token in zip(mixed, tokens, strict=False)],
+        chunks=[Ticket(PromptChunk(mixed[2], chunk), None), Ticket(PromptChunk(mixed[3], first), None)],
     )
     outcomes = runner.run(scheduled)
     assert len(runner.members) == (decoding if decoding > 1 else 0)  # one reply alone decodes through its own cache

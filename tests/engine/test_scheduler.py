@@ -13,11 +13,11 @@ class Cache:
 
 
 def row(cache: Cache) -> Ticket:
-    return Ticket(DecodeRow(cache, torch.tensor([1])))
+    return Ticket(DecodeRow(cache, torch.tensor([1])), None)
 
 
 def chunk(cache: Cache, tokens: int) -> Ticket:
-    return Ticket(PromptChunk(cache, torch.ones(1, tokens, dtype=torch.long)))
+    return Ticket(PromptChunk(cache, torch.ones(1, tokens, dtype=torch.long)), None)
 
 
 def test_decode_rows_run_in_the_pools_row_order_with_joiners_last():

@@ -17,6 +17,7 @@ from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import DecodingReply, Waiting, engine_step
 from streamchat.generation.events import TextDelta
+from streamchat.generation.prompt_reading import Reading
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
@@ -47,7 +48,7 @@ class Conversation:
     def alone(self) -> list[int]:
         return [self.decoder.next().token for _ in range(self.count)]
 
-    # ---- a Decoding of the engine's (engine/work.py): `count` tokens, drawn and fed as a reply's are ----
+    # ---- a request of the engine's (engine/work.py: Request): `count` tokens, drawn and fed as a reply's are ----
 
     def next_work(self) -> DecodeRow:
         settled = self.decoder.draw()
@@ -134,13 +135,13 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
         assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
 
 
-def chat_session(model, settings: GenerationSettings, system: str):
+def chat_session(model, settings: GenerationSettings, system: str, **options):
     """A session over `model`, as the tests below chat: a byte-level tokenizer, a 40-token window."""
     from streamchat.conversation.session import ChatSession, SessionOptions
     from tests.support.tokenizers import byte_level_tokenizer
 
-    options = SessionOptions(settings=settings, window=40, system_prompt=system)
-    return ChatSession(model, byte_level_tokenizer(), options)
+    chosen = SessionOptions(settings=settings, window=40, system_prompt=system, **options)
+    return ChatSession(model, byte_level_tokenizer(), chosen)
 
 
 def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_restores_the_same():
@@ -182,7 +183,7 @@ def test_a_session_snapshot_after_batched_turns_is_the_one_never_batched_and_res
         ]
 
 
-def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_conversation_once_it_ended():
+def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_conversation_once_its_request_ended():
     model = tiny_model("llama", vocab_size=700)
     settings = GenerationSettings(max_new_tokens=25, temperature=0.7, seed=3)
     systems = ["Be brief.", "You are a poet."]
@@ -193,18 +194,17 @@ def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_convers
         one.run_in(engine)
     for question in ["Hi there.", "And then?"]:
         turns = {index: one.chat(question) for index, one in enumerate(shared)}
-        decoding: dict[int, DecodingReply] = {}  # the reply each conversation waits on
+        awaited: dict[int, DecodingReply | Reading] = {}  # the request each conversation waits on
         texts = {index: "" for index in turns}
-        replies_waited_on = []
+        waits = []
         while turns:
             for index, turn in list(turns.items()):
-                if index in decoding:  # the driver resumes it only once its reply ended
+                if index in awaited:  # the driver resumes it only once its request ended
                     continue
                 for event in turn:
                     if isinstance(event, Waiting):
-                        if event.reply is not None:
-                            decoding[index] = event.reply
-                            replies_waited_on.append(index)
+                        awaited[index] = event.request
+                        waits.append((index, event.request))
                         break
                     if isinstance(event, TextDelta):
                         texts[index] += event.text  # the end of the text, held back until the reply ended
@@ -212,11 +212,14 @@ def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_convers
                     del turns[index]
             if engine.has_work():
                 engine.step()
-            for index, reply in list(decoding.items()):
-                texts[index] += "".join(e.text for e in reply.said() if isinstance(e, TextDelta))
-                if reply.ended:
-                    del decoding[index]
-        assert sorted(replies_waited_on) == [0, 1]  # one wait a reply, however many steps it took
+            for index, request in list(awaited.items()):
+                texts[index] += "".join(e.text for e in request.said() if isinstance(e, TextDelta))
+                if request.ended:
+                    del awaited[index]
+        # One wait a request, however many steps it took: its prompt read, its reply, its turn's end fed.
+        assert len({id(request) for _, request in waits}) == len(waits)
+        kinds = sorted((index, type(request).__name__) for index, request in waits)
+        assert kinds == [(i, kind) for i in (0, 1) for kind in ("DecodingReply", "Reading", "Reading")]
         for index, one in enumerate(alone):
             mine = "".join(e.text for e in one.chat(question) if isinstance(e, TextDelta))
             assert texts[index] == mine and len(mine) > 5
@@ -397,3 +400,29 @@ def test_replays_that_begin_alike_read_their_sinks_once_and_say_how_many_they_co
         mine, theirs = alone.snapshot().tensors.tensors, one.snapshot().tensors.tensors
         for name, tensor in mine.items():
             torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_prompt_read_in_the_engine_s_steps_is_awaited_once_and_an_abandoned_one_is_read_no_further():
+    model = tiny_model("llama", vocab_size=700)
+    settings = GenerationSettings(max_new_tokens=4, temperature=0.0)
+    alone = chat_session(model, settings, "Be brief.", prefill_chunk=8)
+    question = "Tell me everything about the sea, the sky and the ships."
+    list(alone.chat(question))
+    engine = Engine(model)
+    going, leaving = (chat_session(model, settings, "Be brief.", prefill_chunk=8) for _ in range(2))
+    for one in (going, leaving):
+        one.run_in(engine)
+    turns = [going.chat(question), leaving.chat(question)]
+    waits = [next(turn) for turn in turns]
+    assert all(isinstance(wait.request, Reading) and wait.request.tokens > 3 * 8 for wait in waits)
+    engine.step()  # both read their first chunk
+    turns[1].close()  # its client left mid-read
+    read = leaving.cache_stats().seen
+    assert read == 8 and not waits[1].request.ended
+    said = driven(engine, [turns[0]])[0]
+    assert leaving.cache_stats().seen == read  # no step read on behind its back
+    awaited = {id(event.request): type(event.request) for event in said if isinstance(event, Waiting)}
+    # Its prompt, its reply and its turn's end: each one request, waited on until it ended.
+    assert id(waits[0].request) in awaited
+    assert sorted(kind.__name__ for kind in awaited.values()) == ["DecodingReply", "Reading", "Reading"]
+    assert going.transcript == alone.transcript and engine.steps > 4

@@ -1,7 +1,10 @@
 """Long prompts: read as replays read a conversation, or every token with progress; a stop() between passes."""
 
 import pytest
+import torch
 
+from streamchat.cache import SinkCache, forward
+from streamchat.engine.work import Fed
 from streamchat.generation.events import (
     CacheOccupancy,
     PromptProgress,
@@ -10,8 +13,16 @@ from streamchat.generation.events import (
     TextDelta,
     TurnFinished,
 )
-from streamchat.generation.prompt_reading import REPLAYED_WINDOWS, prompt_parts, replayed_count, replayed_parts
+from streamchat.generation.prompt_reading import (
+    REPLAYED_WINDOWS,
+    Reading,
+    ReadingProgress,
+    prompt_parts,
+    replayed_count,
+    replayed_parts,
+)
 from tests.conversation.test_session import make_session, run
+from tests.support.models import VOCAB, tiny_model
 
 IDS = list(range(100))
 
@@ -116,3 +127,49 @@ def test_a_stop_while_reading_ends_the_read_between_passes_and_the_next_turn_wor
     assert session.cache.is_consistent() and len(session.cache_view().token_ids) == session.cache_stats().used
     assert session.cache_stats().seen == stopped.read_tokens + len(session.chat_format.end_of_turn_ids)
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
+
+
+def read_alone(reading: Reading, model, stop_after: int | None = None) -> list[list[int]]:
+    """Drive `reading` a pass at a time, as a token loop without an engine does; the chunks it read. With
+    `stop_after`, a stop is asked for once that many chunks were read."""
+    chunks = []
+    while (work := reading.next_work()) is not None:
+        chunks.append(work.ids[0].tolist())
+        with torch.inference_mode():
+            fed = Fed(*forward(model, reading.cache, work.ids, label=work.label))
+        if len(chunks) == stop_after:
+            reading.stop_asked = True
+        if not reading.advance(fed):
+            break
+    reading.end(None)
+    return chunks
+
+
+@pytest.mark.parametrize("stop_after", [None, 2])
+def test_a_reading_reads_a_chunk_a_pass_counts_its_skips_and_heeds_a_stop_once_it_has_logits(stop_after):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    cache = SinkCache.for_model(model, 4, 16)
+    head, tail = list(range(3, 23)), list(range(30, 40))
+    parts = [(head, 7), (tail, 0)]
+    progress = ReadingProgress(30, 8)
+    reading = Reading(cache, parts, 2, 8, lambda eviction: eviction, progress=progress, occupancy=True)
+    reading.stop_asked = False
+    reading._stop_requested = lambda: reading.stop_asked
+    chunks = read_alone(reading, model, stop_after)
+    expected = [head[:8], head[8:16], head[16:], tail[:8], tail[8:]]
+    events = reading.said()
+    if stop_after is None:
+        assert chunks == expected and not reading.stopped
+        assert (cache.stats().seen, cache.stats().evicted, cache.ledger.skipped) == (30, 30 - 20, 7)
+        assert [event.read_tokens for event in events if isinstance(event, PromptProgress)] == [8, 16, 20, 28, 30]
+        assert sum(isinstance(event, CacheOccupancy) for event in events) == 5
+        assert [type(event).__name__ for event in events[-3:]] == ["Eviction", "PromptProgress", "CacheOccupancy"]
+    else:
+        assert chunks == expected[:2] and reading.stopped
+        assert (cache.stats().seen, cache.ledger.skipped) == (16, 0)  # stopped before the skip
+    # The logits after its last chunk: those of the same tokens fed alone.
+    again = SinkCache.for_model(model, 4, 16)
+    for chunk, skipped in zip(chunks, [0, 0, 7, 0, 0], strict=False):
+        logits, _ = forward(model, again, torch.tensor([chunk]), label=2)
+        again.count_skipped(skipped, 2)
+    assert torch.equal(reading.logits, logits)
