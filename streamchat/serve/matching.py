@@ -6,7 +6,9 @@ but its new user message) has the same digest continues that conversation, and o
 new message is read. Messages are compared by content, as the server wrote them: a client
 that edits an earlier turn, or trims a reply, starts a new conversation. The one exception
 is a reply cut short because its client left mid-stream: the server knows what it sent,
-not what the client read, so a history ending on any start of that reply continues it.
+not what the client read, so a history ending on any start of that reply (or just before
+it) continues it. A journal whose last reply was stopped is filed that way when the server
+starts, as its client may have left.
 """
 
 from __future__ import annotations
@@ -55,10 +57,14 @@ class ConversationIndex:
 
     def find(self, system: str | None, history: list[Message]) -> str | None:
         """The conversation that says `history` under `system` (or all but the end of its last reply, cut
-        short), if any."""
-        found = self._by_digest.get(history_digest(system, history))
-        if found is not None or not history or history[-1]["role"] != "assistant":
+        short: any start of it, none included), if any."""
+        digest = history_digest(system, history)
+        found = self._by_digest.get(digest)
+        if found is not None or not history:
             return found
+        if history[-1]["role"] != "assistant":  # none of a reply cut short
+            cut = self._cut_by_digest.get(digest)
+            return None if cut is None else cut[0]
         cut = self._cut_by_digest.get(history_digest(system, history[:-1]))
         if cut is not None and cut[1].startswith(history[-1]["content"]):
             return cut[0]

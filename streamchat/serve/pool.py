@@ -112,7 +112,8 @@ class ConversationPool:
         """Build the first session (the server's settings and system prompt come from it) and file every
         journal already in the sessions directory, so that a request resending one continues it (one that ends
         on a message never answered, a crash mid-reply, is filed with that message: a request that sends it
-        again continues the conversation, the message resent taking its place)."""
+        again continues the conversation, the message resent taking its place; one that ends on a reply that was
+        stopped, as cut short: its client may have read any start of it)."""
         session = self._new_session()
         self._made += 1
         self._free.append(session)
@@ -126,7 +127,8 @@ class ConversationPool:
                 continue
             if saved.version == JOURNAL_VERSION:
                 unanswered = [] if saved.unanswered is None else [{"role": "user", "content": saved.unanswered}]
-                self.index.file(path.stem, saved.system_prompt, [*saved.messages, *unanswered])
+                said = [*saved.messages, *unanswered]
+                self.index.file(path.stem, saved.system_prompt, said, cut_short=saved.last_reply_stopped)
 
     def system_for(self, requested: str | None) -> str | None:
         return requested if requested is not None else self.default_system

@@ -40,6 +40,9 @@ class SavedSession:
     model: str | None
     # A journal's last user message, when the session ended before its reply did.
     unanswered: str | None = None
+    # Its last message is a reply that was stopped (a stop asked for, a client gone): whoever was reading it may
+    # hold any start of it.
+    last_reply_stopped: bool = False
     version: int = VERSION  # the format it was read from
     # The notes recall read before user messages (streamchat.conversation.recall), by message index.
     recalled: dict[int, RecalledNote] = field(default_factory=dict)
@@ -199,6 +202,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
     system_prompt = None
     messages: list[dict[str, str]] = []
     recalled: dict[int, RecalledNote] = {}
+    stopped_reply = None  # how many messages there were with the last stopped reply
     lines = text.split("\n")
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -223,6 +227,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
             messages.append({"role": "user", "content": _record_text(path, number, record)})
         elif kind == "reply" and messages and messages[-1]["role"] == "user":
             messages.append({"role": "assistant", "content": _record_text(path, number, record)})
+            stopped_reply = len(messages) if record.get("stop_reason") == "interrupted" else None
         elif kind == "recall":
             index, note = _note(f"{path} line {number}", record, messages)
             recalled[index] = note
@@ -232,6 +237,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
                 raise SessionFileError(f"{path} line {number}: a rewind needs a message count")
             del messages[kept:]
             recalled = {index: note for index, note in recalled.items() if index < kept}
+    last_reply_stopped = stopped_reply == len(messages)
     unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
     recalled = {index: note for index, note in recalled.items() if index < len(messages)}
     return SavedSession(
@@ -241,6 +247,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
         eviction=values.get("eviction", "token"),
         model=_optional_text(path, header, "model"),
         unanswered=unanswered,
+        last_reply_stopped=last_reply_stopped,
         version=JOURNAL_VERSION,
         recalled=recalled,
     )

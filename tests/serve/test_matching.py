@@ -34,7 +34,9 @@ def test_a_reply_cut_short_is_continued_from_any_start_of_it() -> None:
     index = ConversationIndex()
     index.file("a", None, TURN, cut_short=True)  # the client left mid-stream; it was sent "Hello."
     assert [index.find(None, read(content)) for content in ("Hello.", "Hel", "", "Hello!")] == ["a", "a", "a", None]
+    assert index.find(None, TURN[:1]) == "a"  # none of it: the question asked again
     assert index.find(None, [{"role": "user", "content": "Ho"}, TURN[1]]) is None  # another question
+    assert index.find(None, [{"role": "user", "content": "Ho"}]) is None
     index.file("a", None, [*TURN, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure."}])
     assert index.find(None, read("Hel")) is None  # it moved on: only its whole history continues it
 

@@ -8,6 +8,8 @@ import shlex
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from streamchat.conversation.template import ChatFormat
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import HELLO_BODY, REPLY, SETTINGS, raw_request, wait_idle
@@ -183,3 +185,30 @@ def test_a_requests_settings_reach_its_session_typed_and_the_next_request_starts
     messages = [*HELLO_BODY["messages"], {"role": "assistant", "content": REPLY}, {"role": "user", "content": "And?"}]
     server.client.chat.completions.create(model="tiny", messages=messages)  # the same conversation, nothing set
     assert server.pool.conversations[conversation].session.settings == SETTINGS
+
+
+@pytest.mark.parametrize("kept", [5, 0])
+def test_after_a_restart_a_client_that_left_mid_stream_goes_on_from_what_it_kept(start_server, endless, kept) -> None:
+    first = start_server(endless)
+    asked = [{"role": "user", "content": "Go on and on."}]
+    body = {"messages": asked, "stream": True, "max_tokens": 5000}
+    with first.http.stream("POST", f"{first.url}/v1/chat/completions", json=body) as response:
+        conversation = response.headers["x-streamchat-conversation"]
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(8)]
+    wait_idle(first)
+    first.worker.close()  # the server stops: every conversation parked, every journal let go
+    # The client kept the first few pieces it was sent (or none), and sends its next message to a new server.
+    told = "".join(
+        json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "")
+        for line in received[:kept]
+        if line
+    )
+    history = [*asked, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
+    history = history if told else asked  # none of the reply kept: the question asked again
+    again = start_server(endless, sessions=first.sessions)
+    answered = again.post({"messages": history, "max_tokens": 3})
+    assert (answered.status_code, answered.headers["x-streamchat-conversation"]) == (200, conversation)
+    saved = read_session(first.sessions / f"{conversation}.jsonl")
+    assert saved.messages[: len(history)] == history and len(saved.messages) == len(history) + 1
+    assert len(list(first.sessions.glob("*.jsonl"))) == 1

@@ -9,6 +9,7 @@ import pytest
 
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.errors import SessionFileError
+from streamchat.generation.events import TextDelta
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import JOURNAL_VERSION, list_sessions, read_session, save_session
 from tests.conversation.test_session import make_session, run
@@ -97,6 +98,25 @@ def test_a_message_without_its_reply_is_kept_apart_and_loading_replays_the_rest(
     restored = make_session()
     run(restored.restore(read_session(journal.path).state()))
     assert restored.transcript == session.transcript
+
+
+def test_a_last_reply_that_was_stopped_is_said_so(journal):
+    session = make_session()
+    chat(session, journal, "Hello!")
+    assert read_session(journal.path).last_reply_stopped is False
+    journal.record_user(session.snapshot(tensors=False), "Go on.")
+    said = []
+    for event in session.chat("Go on."):
+        said.append(event)
+        if isinstance(event, TextDelta):
+            session.stop()  # Ctrl-C, a client gone
+    assert said[-1].stats.stop_reason == "interrupted"
+    journal.record(session.snapshot(tensors=False), said[-1].stats.stop_reason)
+    assert read_session(journal.path).last_reply_stopped is True
+    journal.record_user(session.snapshot(tensors=False), "And?")  # a message after it, never answered
+    assert read_session(journal.path).last_reply_stopped is False
+    chat(session, journal, "And?")
+    assert read_session(journal.path).last_reply_stopped is False
 
 
 def test_a_line_cut_short_by_a_kill_is_ignored_and_cut_off_before_appending(journal, tmp_path):
