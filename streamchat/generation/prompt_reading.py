@@ -9,7 +9,7 @@ sees only by what the first of those windows was computed after.
 
     reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
     # in the engine's steps (engine/work.py: Request), or alone: next_work() -> fed -> advance(fed) ...
-    reading.logits, reading.events          # the logits after its last token; what it said
+    reading.logits, reading.said()          # the logits after its last token; what it said since last asked
 """
 
 from __future__ import annotations

@@ -129,16 +129,16 @@ def test_a_stop_while_reading_ends_the_read_between_passes_and_the_next_turn_wor
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
-def read_alone(reading: Reading, model, stop_after: int | None = None) -> list[list[int]]:
+def read_alone(reading: Reading, model, asked: list[bool], stop_after: int | None = None) -> list[list[int]]:
     """Drive `reading` a pass at a time, as a token loop without an engine does; the chunks it read. With
-    `stop_after`, a stop is asked for once that many chunks were read."""
+    `stop_after`, a stop is asked for (`asked`) once that many chunks were read."""
     chunks = []
     while (work := reading.next_work()) is not None:
         chunks.append(work.ids[0].tolist())
         with torch.inference_mode():
             fed = Fed(*forward(model, reading.cache, work.ids, label=work.label))
         if len(chunks) == stop_after:
-            reading.stop_asked = True
+            asked.append(True)
         if not reading.advance(fed):
             break
     reading.end(None)
@@ -150,12 +150,18 @@ def test_a_reading_reads_a_chunk_a_pass_counts_its_skips_and_heeds_a_stop_once_i
     model = tiny_model("llama", vocab_size=VOCAB)
     cache = SinkCache.for_model(model, 4, 16)
     head, tail = list(range(3, 23)), list(range(30, 40))
-    parts = [(head, 7), (tail, 0)]
-    progress = ReadingProgress(30, 8)
-    reading = Reading(cache, parts, 2, 8, lambda eviction: eviction, progress=progress, occupancy=True)
-    reading.stop_asked = False
-    reading._stop_requested = lambda: reading.stop_asked
-    chunks = read_alone(reading, model, stop_after)
+    progress, asked = ReadingProgress(30, 8), []
+    reading = Reading(
+        cache,
+        [(head, 7), (tail, 0)],
+        2,
+        8,
+        lambda eviction: eviction,
+        progress=progress,
+        occupancy=True,
+        stop_requested=lambda: bool(asked),
+    )
+    chunks = read_alone(reading, model, asked, stop_after)
     expected = [head[:8], head[8:16], head[16:], tail[:8], tail[8:]]
     events = reading.said()
     if stop_after is None:
