@@ -20,7 +20,8 @@ the step is shared. Whatever reads or writes a member's storage in place (its sn
 is unchanged while it is a member. Leaving copies its row out, so a cache outside a batch
 owns its tensors and is saved and restored as always. Members sit in rows 0..n-1: one
 leaving gives its row to the last member (one row copied), so a step's rows are always the
-pool's first ones.
+pool's first ones. Joining and leaving copy only the slots a cache has written (a turn's
+few hundred of the default model's 2,004), not its whole capacity.
 
 Members may differ in sinks (each conversation's kept prefix): the pool's rows are as wide
 as the widest member, a narrower member views the first columns of its row, and the
@@ -125,7 +126,11 @@ class CacheBatch(Cache):
         if row is None:
             return
         for layer in cache.layers:
-            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+            written = _written(cache, layer)
+            keys, values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)  # a new cache's, past them
+            keys[:, :, :written] = layer.keys[:, :, :written]
+            values[:, :, :written] = layer.values[:, :, :written]
+            layer.keys, layer.values = keys, values
             if isinstance(layer, SinkLayer):
                 layer.pristine_sinks, layer.sink_partners = layer.pristine_sinks.clone(), layer.sink_partners.clone()
         last = self.members.pop()
@@ -330,13 +335,17 @@ class CacheBatch(Cache):
         return all(pristine is None or pristine.shape[2] >= sinks for pristine in self._pristine)
 
     def _copy_in(self, cache: SinkCache, row: int) -> None:
-        """Copy `cache`'s storage into `row` and make its layers views of that row."""
+        """Copy `cache`'s storage into `row` and make its layers views of that row.
+
+        Only the slots it has written: the row's slots past them may hold an earlier member's, which its steps
+        never attend to (no slot past the written ones is held) and leave() does not copy out.
+        """
         for index, layer in enumerate(cache.layers):
-            slots = layer.keys.shape[2]
+            slots, written = layer.keys.shape[2], _written(cache, layer)
             keys = self._keys[index][row : row + 1, :, :slots]
             values = self._values[index][row : row + 1, :, :slots]
-            keys.copy_(layer.keys)
-            values.copy_(layer.values)
+            keys[:, :, :written] = layer.keys[:, :, :written]
+            values[:, :, :written] = layer.values[:, :, :written]
             layer.keys, layer.values = keys, values
             if isinstance(layer, SinkLayer):
                 pristine = self._pristine[index][row : row + 1, :, : cache.sinks]
@@ -344,6 +353,13 @@ class CacheBatch(Cache):
                 pristine.copy_(layer.pristine_sinks)
                 partners.copy_(layer.sink_partners)
                 layer.pristine_sinks, layer.sink_partners = pristine, partners
+
+
+def _written(cache: SinkCache, layer: SinkLayer | SlidingLayer) -> int:
+    """The slots of `layer` that `cache` has written at least once: the first ones (the sinks, then the ring)."""
+    if isinstance(layer, SinkLayer):
+        return cache.sinks + cache.ledger.ring.extent
+    return cache.sliding.ring.extent
 
 
 def _same_layout(first: SinkCache, other: SinkCache) -> bool:

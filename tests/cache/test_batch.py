@@ -94,6 +94,33 @@ def test_a_batched_step_gives_each_row_the_logits_of_its_own_step():
         assert one.stats() == other.stats()  # the first evicted a token, both moved their sinks on
 
 
+def test_a_row_an_earlier_member_wrote_further_is_taken_over_as_if_it_were_new():
+    model = tiny_model("llama")
+    other, earlier = filled(model, 4, 9, 0), filled(model, 4, 20, 1)
+    joining, alone = filled(model, 4, 6, 2), filled(model, 4, 6, 2)
+    batch = CacheBatch()
+    batch.join(other, earlier)
+    batch.leave(earlier)  # row 1 keeps what `earlier` wrote, 20 slots
+    batch.join(joining)  # only its 6 written slots are copied in: the rest of row 1 is earlier's
+    assert batch._keys[0][1, :, 6:20].abs().sum() > 0
+    logits = step(model, batch, [7, 8])  # attention reads 10 slots of every row: 4 of them earlier's, in row 1
+    with alone.decode_step():
+        inputs = alone.decode_inputs(torch.tensor([[8]]))
+        wanted = model(
+            input_ids=torch.tensor([[8]]),
+            cache=alone,
+            position_ids=inputs.position_ids,
+            attention_mask=inputs.attention_mask,
+            logits_to_keep=1,
+        ).logits
+    torch.testing.assert_close(logits[1:2], wanted, rtol=0, atol=1e-5)
+    batch.leave(joining)  # it owns its storage again: what it wrote, then zeros, as a cache never batched
+    for mine, never in zip(joining.layers, alone.layers, strict=True):
+        assert not mine.keys[:, :, 7:].any() and not mine.values[:, :, 7:].any()
+        torch.testing.assert_close(mine.keys, never.keys, rtol=0, atol=1e-5)
+    assert joining.stats() == alone.stats()
+
+
 def test_a_step_needs_a_token_for_every_member_and_a_member_its_sinks_filled():
     model = tiny_model("llama")
     batch = CacheBatch()
