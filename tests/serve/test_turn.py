@@ -110,23 +110,32 @@ def test_a_conversation_named_by_its_header_goes_on_from_its_new_message(start_s
     assert [message["content"] for message in saved.messages] == ["One.", REPLY, "Two.", REPLY]
 
 
-def test_a_client_gone_mid_stream_resends_what_it_was_sent_and_goes_on(start_server, endless) -> None:
-    server = start_server(endless)
-    asked = [{"role": "user", "content": "Go on and on."}]
-    body = {"messages": asked, "stream": True, "max_tokens": 5000}
+ASKED = [{"role": "user", "content": "Go on and on."}]
+
+
+def left_mid_stream(server, kept: int) -> tuple[str, str]:
+    """A client asks ASKED, streamed, reads eight lines and leaves; the conversation, and the text of the first
+    `kept` lines (what the client kept of what it was sent)."""
+    body = {"messages": ASKED, "stream": True, "max_tokens": 5000}
     with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
         conversation = response.headers["x-streamchat-conversation"]
         lines = response.iter_lines()
         received = [next(lines) for _ in range(8)]
     wait_idle(server)
-    # The server knows what it sent, not what the client read: the client keeps only its first few pieces.
     told = "".join(
         json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "")
-        for line in received[:5]
+        for line in received[:kept]
         if line
     )
+    return conversation, told
+
+
+def test_a_client_gone_mid_stream_resends_what_it_was_sent_and_goes_on(start_server, endless) -> None:
+    server = start_server(endless)
+    # The server knows what it sent, not what the client read: the client keeps only its first few pieces.
+    conversation, told = left_mid_stream(server, kept=5)
     assert told
-    history = [*asked, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
+    history = [*ASKED, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
     again = server.post({"messages": history, "max_tokens": 3})
     assert (again.status_code, again.headers["x-streamchat-conversation"]) == (200, conversation)
     # The part of the reply the client never saw was taken back: the conversation is what the client has.
@@ -190,22 +199,11 @@ def test_a_requests_settings_reach_its_session_typed_and_the_next_request_starts
 @pytest.mark.parametrize("kept", [5, 0])
 def test_after_a_restart_a_client_that_left_mid_stream_goes_on_from_what_it_kept(start_server, endless, kept) -> None:
     first = start_server(endless)
-    asked = [{"role": "user", "content": "Go on and on."}]
-    body = {"messages": asked, "stream": True, "max_tokens": 5000}
-    with first.http.stream("POST", f"{first.url}/v1/chat/completions", json=body) as response:
-        conversation = response.headers["x-streamchat-conversation"]
-        lines = response.iter_lines()
-        received = [next(lines) for _ in range(8)]
-    wait_idle(first)
+    conversation, told = left_mid_stream(first, kept)
     first.worker.close()  # the server stops: every conversation parked, every journal let go
     # The client kept the first few pieces it was sent (or none), and sends its next message to a new server.
-    told = "".join(
-        json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "")
-        for line in received[:kept]
-        if line
-    )
-    history = [*asked, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
-    history = history if told else asked  # none of the reply kept: the question asked again
+    history = [*ASKED, {"role": "assistant", "content": told}, {"role": "user", "content": "And then?"}]
+    history = history if told else ASKED  # none of the reply kept: the question asked again
     again = start_server(endless, sessions=first.sessions)
     answered = again.post({"messages": history, "max_tokens": 3})
     assert (answered.status_code, answered.headers["x-streamchat-conversation"]) == (200, conversation)
