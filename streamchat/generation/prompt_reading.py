@@ -15,7 +15,7 @@ sees only by what the first of those windows was computed after.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -59,11 +59,6 @@ class ReadingProgress:
         self.reading = reading
         self.read = 0
         self.started = time.perf_counter()
-
-    def pieces(self, ids: list[int]) -> Iterator[list[int]]:
-        """`ids` in forward-pass-sized pieces, so that a read can stop or report between them."""
-        for start in range(0, len(ids), self.step):
-            yield ids[start : start + self.step]
 
     def advance(self, count: int) -> PromptProgress | None:
         """Count `count` more tokens read; a progress event when the read takes more than one pass."""

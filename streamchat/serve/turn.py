@@ -87,8 +87,8 @@ class Turn:
         self.stopped = True
 
     def heed_stop(self) -> None:
-        """On the worker, while the reply decodes in the engine's steps without resuming the turn: a stop()
-        asked for reaches the reply before its next token is drawn."""
+        """On the worker, while the turn's request (its prompt read, its reply) goes on in the engine's steps
+        without resuming the turn: a stop() asked for reaches it before its next token or chunk is drawn."""
         if self.stopped and self._session is not None:
             self._session.stop()
 
@@ -136,7 +136,8 @@ class Turn:
 
     def _answer(self, taken: Taken) -> Generator[Item | Step | Waiting, None, Finished]:
         """Answer the request's message in the conversation taken; the Finished item, for run() to yield.
-        While its reply decodes it yields Waiting(reply): the worker hands on the reply's text after each step."""
+        While its prompt is read and its reply decodes it yields Waiting(request): the worker hands on the reply's
+        text after each step."""
         conversation = taken.conversation
         session = conversation.session
         if session is None:

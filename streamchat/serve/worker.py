@@ -6,10 +6,9 @@ decode: a request submitted), runs the engine's step (streamchat.engine: every r
 token drawn, the prompt chunks a token budget allows, one forward pass, each reply's token
 detokenized and checked for a stop), then hands each decoding reply's text to its request
 straight from the reply: a turn is resumed only once its engine request ended, not for every
-token or chunk. Concurrent
-replies cost little more than one, and a new message is read in the pass that decodes the
-others. Each item goes to its request through `deliver` (the request's asyncio queue, via
-call_soon_threadsafe).
+token or chunk. Concurrent replies cost little more than one, and a new message is read in
+the pass that decodes the others. Each item goes to its request through `deliver` (the
+request's asyncio queue, via call_soon_threadsafe).
 At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
 (the request gets 429). A turn whose client left while it waited for a live session ends
 there. Closing stops every reply, lets each turn journal what it said, then parks every live
