@@ -160,7 +160,7 @@ class Turn:
         session.update_settings(**session.settings.changes_to(wanted))
         state = session.snapshot(tensors=False)
         journal = conversation.journal
-        journal.record(state)  # a new conversation's history and settings, a known one's new settings
+        # A new conversation's history and settings, a known one's new settings, and the message: one write.
         journal.record_user(state, self.request.text)
         if conversation.id is None:
             raise ApiError(500, journal.failure or "the conversation could not be journaled", kind="server_error")

@@ -11,9 +11,9 @@
     {"type": "reply", "content": "Hi.", "stop_reason": "eos", "at": "..."}
     {"type": "rewind", "messages": 1, "at": "..."}        (a /regen took the reply back)
 
-Each record is one write of one whole line to a file opened for appending, followed by
-fsync: a kill at any moment leaves every earlier record intact, and at worst a last
-line cut short, which reading ignores (streamchat.storage.session_file reads journals).
+The records of each change are one write of whole lines to a file opened for appending,
+followed by one fsync: a kill at any moment leaves every earlier record intact, and at
+worst a last line cut short, which reading ignores (streamchat.storage.session_file reads journals).
 So a crash loses at most the reply being generated. The file appears with the first
 message; settings and system prompt changes made before it go into its first records.
 
@@ -73,6 +73,7 @@ class Journal:
         self._settings: dict[str, str] = {}
         self._system: str | None = None
         self._recalled: dict[int, RecalledNote] = {}
+        self._pending: list[dict[str, Any]] = []  # records of the change being written
 
     # ---- following the session ---------------------------------------------------------------
 
@@ -136,7 +137,9 @@ class Journal:
                 self._append({"type": "system", "content": system})
                 self._system = system
             self._append_messages(messages, stop_reason, recalled)
+            self._write_pending()
         except (OSError, SessionFileError) as error:
+            self._pending = []
             reason = str(error) if isinstance(error, SessionFileError) else error.strerror or str(error)
             where = self.path if self.path is not None else f"in {self.directory}"  # no name before it is created
             self.failure = f"cannot write the session file {where}: {reason}; the conversation is not being saved"
@@ -184,7 +187,7 @@ class Journal:
             "cache": self.cache,
         }
         self._descriptor = _open_for_appending(self.path, create=True)
-        _write_line(self._descriptor, header)
+        _write_lines(self._descriptor, [header])  # alone: the file never holds a header cut short
         sync_directory(self.directory)  # the file's name, too, survives a power cut
         self._settings, self._system, self._messages, self._recalled = {}, None, [], {}
         self._append({"type": "settings", "values": settings})
@@ -194,9 +197,16 @@ class Journal:
             self._system = system
 
     def _append(self, record: dict[str, Any]) -> None:
+        self._pending.append({**record, "at": _now()})
+
+    def _write_pending(self) -> None:
+        """The records of one change, in one write and one fsync (a server's worker waits for each fsync)."""
+        if not self._pending:
+            return
         if self._descriptor is None:
             raise OSError("the session file is closed")
-        _write_line(self._descriptor, {**record, "at": _now()})
+        records, self._pending = self._pending, []
+        _write_lines(self._descriptor, records)
 
 
 def claim_journal(path: Path) -> int:
@@ -244,8 +254,8 @@ def _cut_torn_line(path: Path, descriptor: int) -> None:
     os.ftruncate(descriptor, data.rfind(b"\n") + 1)
 
 
-def _write_line(descriptor: int, record: dict[str, Any]) -> None:
-    data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+def _write_lines(descriptor: int, records: list[dict[str, Any]]) -> None:
+    data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
     while data:
         written = os.write(descriptor, data)
         data = data[written:]

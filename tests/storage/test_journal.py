@@ -100,6 +100,19 @@ def test_a_message_without_its_reply_is_kept_apart_and_loading_replays_the_rest(
     assert restored.transcript == session.transcript
 
 
+def test_the_records_of_each_change_are_written_with_one_fsync(journal, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda descriptor: (synced.append(descriptor), real_fsync(descriptor))[1])
+    session = make_session(system_prompt="Be brief.")
+    journal.record_user(session.snapshot(tensors=False), "Hello!")
+    assert kinds(journal.path) == ["settings", "system", "user"]
+    assert len(synced) == 3  # the header alone, the directory, then the three records together
+    session.update_settings(temperature=0.5)
+    journal.record_user(session.snapshot(tensors=False), "Again.")  # the first never answered
+    assert kinds(journal.path)[3:] == ["settings", "rewind", "user"] and len(synced) == 4
+
+
 def test_a_last_reply_that_was_stopped_is_said_so(journal):
     session = make_session()
     chat(session, journal, "Hello!")
