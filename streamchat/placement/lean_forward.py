@@ -200,13 +200,25 @@ class LeanForward:
     def _attend_chunk(
         self, layer: _Layer, cache: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Any
     ) -> torch.Tensor:
-        """A prompt chunk: queries [1, n, q_heads, head_dim] -> attended [1, n, q_heads * head_dim], through the
-        attention function the model's own forward calls (a chunk of one runs as a decode query)."""
+        """A prompt chunk: queries [1, n, q_heads, head_dim] -> attended [1, n, q_heads * head_dim], through
+        torch's attention as the model's own forward runs it (a chunk of one as a decode query), but with each
+        key/value head read by its query heads where it lies: transformers' sdpa path, given a mask, copies them
+        once per query head first (repeat_kv), a copy of the whole cache per layer and chunk."""
         length = queries.shape[1]
         keys, values = cache.update(keys.transpose(1, 2), values.transpose(1, 2), layer.index)
-        attended, _ = streamchat_attention_forward(
-            layer.attention, queries.transpose(1, 2), keys, values, mask, dropout=0.0, scaling=self.scaling
-        )
+        if length == 1 or mask is None:
+            attended, _ = streamchat_attention_forward(
+                layer.attention, queries.transpose(1, 2), keys, values, mask, dropout=0.0, scaling=self.scaling
+            )
+        else:
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                queries.transpose(1, 2),  # [1, n, heads, dim] -> [1, heads, n, dim]
+                keys,
+                values,
+                attn_mask=mask[:, :, :, : keys.shape[-2]],
+                scale=self.scaling,
+                enable_gqa=True,
+            ).transpose(1, 2)  # [1, heads, n, dim] -> [1, n, heads, dim]
         return attended.reshape(1, length, self.q_heads * self.head_dim)
 
     def _projections(self, layer: _Layer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
