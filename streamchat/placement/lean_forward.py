@@ -201,12 +201,13 @@ class LeanForward:
         self, layer: _Layer, cache: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Any
     ) -> torch.Tensor:
         """A prompt chunk: queries [1, n, q_heads, head_dim] -> attended [1, n, q_heads * head_dim], through
-        torch's attention as the model's own forward runs it (a chunk of one as a decode query), but with each
-        key/value head read by its query heads where it lies: transformers' sdpa path, given a mask, copies them
-        once per query head first (repeat_kv), a copy of the whole cache per layer and chunk."""
+        torch's attention as the model's own forward runs it (a chunk of one as a decode query). On a CPU, each
+        key/value head is read by its query heads where it lies: transformers' sdpa path, given a mask, copies
+        them once per query head first (repeat_kv), a copy of the whole cache per layer and chunk. (On a GPU,
+        torch's kernels that take a mask do not take grouped heads, so its path stays.)"""
         length = queries.shape[1]
         keys, values = cache.update(keys.transpose(1, 2), values.transpose(1, 2), layer.index)
-        if length == 1 or mask is None:
+        if length == 1 or mask is None or queries.device.type != "cpu":
             attended, _ = streamchat_attention_forward(
                 layer.attention, queries.transpose(1, 2), keys, values, mask, dropout=0.0, scaling=self.scaling
             )
