@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -79,10 +79,10 @@ def _launch(world_size: int) -> int:
     return supervise(world_size, [sys.executable, "-m", "streamchat", *sys.argv[1:]], report)
 
 
-def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:
+def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], LoadedModel]) -> NoReturn:
     import torch
 
-    from streamchat.distributed.group import device_type, join_group, leave_group, leave_group_and_exit, step_timeout
+    from streamchat.distributed.group import device_type, join_group, leave_group_and_exit, step_timeout
 
     if not ranks.leads:
         _silenced()
@@ -90,11 +90,7 @@ def _run_rank(config: RunConfig, ranks: Any, load: Callable[[LoadOptions], Loade
     group = join_group(ranks, where, step_timeout(os.environ))
     # Torn down only after a clean end: after a failure a peer may be gone or hung, and tearing the
     # groups down would wait for it; this process's exit closes its connections anyway.
-    code = _as_rank(config, ranks, group, load)
-    if not ranks.leads:
-        leave_group_and_exit(code)
-    leave_group()
-    return code
+    leave_group_and_exit(_as_rank(config, ranks, group, load))
 
 
 def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOptions], LoadedModel]) -> int:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
@@ -64,11 +64,11 @@ def tp_speed(
     return _as_rank(ranks, options, window, steps, load, say)
 
 
-def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Callable, say: Callable) -> int:
+def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Callable, say: Callable) -> NoReturn:
     import torch
 
     from streamchat.distributed.follower import follow
-    from streamchat.distributed.group import device_type, join_group, leave_group, leave_group_and_exit, step_timeout
+    from streamchat.distributed.group import device_type, join_group, leave_group_and_exit, step_timeout
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
 
@@ -87,8 +87,7 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, load: Ca
         leader.close()
     backend = "nccl" if where == "cuda" else "gloo"
     say(dataclasses.replace(speed, processes=ranks.world_size, backend=backend).line())
-    leave_group()  # only after a clean end (see app/tensor_parallel.py)
-    return 0
+    leave_group_and_exit(0)  # only after a clean end (see app/tensor_parallel.py)
 
 
 def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) -> Any:

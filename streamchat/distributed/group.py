@@ -136,14 +136,19 @@ def leave_group() -> None:
 
 
 def leave_group_and_exit(code: int) -> NoReturn:
-    """A follower's end: leave the groups, then exit at once, without the interpreter's finalization.
+    """A rank's end after a clean run: leave the groups, then exit at once, without the interpreter's
+    finalization.
 
-    Finalizing with gloo's threads still alive (a teardown that failed quietly) can hang the process
-    or abort it (SIGABRT), which torchrun reports as this rank's failure. A follower writes no files
-    and its stdout goes nowhere, so skipping finalization loses nothing.
+    Finalizing with gloo's threads still alive (a teardown that failed quietly, as it does when a
+    peer left first) can hang the process or abort it (SIGABRT), which the launcher reports as this
+    rank's failure: the leader's too (a piped run under --tp 2 ended "rank 0 was killed by SIGABRT"
+    once in a full test run). By then every file a rank writes is closed or synced record by record,
+    so skipping finalization loses nothing but what stdout and stderr still buffer, flushed here.
     """
     leave_group()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):  # a closed pipe: nobody to tell
+            stream.flush()
     os._exit(code)
 
 
