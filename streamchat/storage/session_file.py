@@ -202,7 +202,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
     system_prompt = None
     messages: list[dict[str, str]] = []
     recalled: dict[int, RecalledNote] = {}
-    stopped_reply = None  # how many messages there were with the last stopped reply
+    last_reply_stopped = False  # the last record that changed the messages added a stopped reply
     lines = text.split("\n")
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -225,9 +225,10 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
                 messages.pop()  # never answered, and followed by another: it left the conversation
                 recalled.pop(len(messages), None)
             messages.append({"role": "user", "content": _record_text(path, number, record)})
+            last_reply_stopped = False
         elif kind == "reply" and messages and messages[-1]["role"] == "user":
             messages.append({"role": "assistant", "content": _record_text(path, number, record)})
-            stopped_reply = len(messages) if record.get("stop_reason") == "interrupted" else None
+            last_reply_stopped = record.get("stop_reason") == "interrupted"
         elif kind == "recall":
             index, note = _note(f"{path} line {number}", record, messages)
             recalled[index] = note
@@ -237,7 +238,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
                 raise SessionFileError(f"{path} line {number}: a rewind needs a message count")
             del messages[kept:]
             recalled = {index: note for index, note in recalled.items() if index < kept}
-    last_reply_stopped = stopped_reply == len(messages)
+            last_reply_stopped = False
     unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
     recalled = {index: note for index, note in recalled.items() if index < len(messages)}
     return SavedSession(
