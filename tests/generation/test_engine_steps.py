@@ -313,6 +313,14 @@ def test_a_benchmark_s_engine_steps_feed_the_tokens_the_decoder_s_own_steps_feed
     assert stepped.cache.stats() == alone.cache.stats() and alone.cache.stats().evicted > 0
 
 
+def assert_same_conversation(alone, shared) -> None:
+    """`shared` says and holds what `alone` does: its transcript, its cache's figures, its cache within 1e-5."""
+    assert shared.transcript == alone.transcript and shared.cache_stats() == alone.cache_stats()
+    theirs = shared.snapshot().tensors.tensors
+    for name, tensor in alone.snapshot().tensors.tensors.items():
+        torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
 def driven(engine: Engine, turns: list) -> list[list]:
     """Every turn's events (Waiting included), each turn resumed once a round and the engine stepped between."""
     said: list[list] = [[] for _ in turns]
@@ -350,10 +358,7 @@ def test_conversations_that_begin_alike_read_their_sinks_once_and_go_on_as_each_
     assert shared.copies == 2 and engine.chunk_tokens == apart_tokens - 2 * sinks  # the sinks read once
     assert sum(isinstance(event, Waiting) for event in said[1]) > 1  # it waited while the first read them
     for one, other in zip(apart, together, strict=True):
-        assert other.transcript == one.transcript and other.cache_stats() == one.cache_stats()
-        mine, theirs = one.snapshot().tensors.tensors, other.snapshot().tensors.tensors
-        for name, tensor in mine.items():
-            torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)
+        assert_same_conversation(one, other)
 
 
 def test_sinks_a_conversation_stopped_reading_are_read_by_the_one_that_waited_for_them():
@@ -396,10 +401,7 @@ def test_replays_that_begin_alike_read_their_sinks_once_and_say_how_many_they_co
     assert shared.copies == 1 and [event.copied for event in replayed] == [0, sinks]
     assert replayed[0].tokens == replayed[1].tokens == alone.cache_stats().seen
     for one in together:
-        assert one.transcript == alone.transcript and one.cache_stats() == alone.cache_stats()
-        mine, theirs = alone.snapshot().tensors.tensors, one.snapshot().tensors.tensors
-        for name, tensor in mine.items():
-            torch.testing.assert_close(theirs[name], tensor, rtol=0, atol=1e-5, msg=name)
+        assert_same_conversation(alone, one)
 
 
 def test_a_prompt_read_in_the_engine_s_steps_is_awaited_once_and_an_abandoned_one_is_read_no_further():
