@@ -52,7 +52,6 @@ from streamchat.measure.bandwidth import (
 )
 from streamchat.measure.report import Check, Column, Row
 from streamchat.measure.sizes import require_at_least
-from streamchat.sessions.building import steps_in_engine
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
@@ -144,13 +143,13 @@ def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> l
 
 def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str | None = None) -> float:
     """Seconds per decode step of streamchat's token loop as `run` decodes, greedy, after the prompt: the engine's
-    step, one row, where the chat takes its steps there (on a CPU, uncompiled); else the decoder's own step."""
+    step, one row (compiled with `compile_backend`)."""
     model = subject.model
     cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
-    decoder = Decoder(model, cache, compile_backend)
+    decoder = Decoder(cache)
     *_, last = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
     decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
-    step = engine_step(model, decoder) if steps_in_engine(compile_backend, subject.device) else decoder.next
+    step = engine_step(model, decoder, compile_backend)
     step()  # the first step: it compiles, when compiling
     synchronize(subject.device)
     started = time.perf_counter()

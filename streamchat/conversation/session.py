@@ -133,13 +133,13 @@ class ChatSession:
     def channel(self) -> StepChannel | None:
         return self.token_loop.channel
 
-    def run_in(self, engine: Engine | None, drives: bool = False, shared_sinks: SharedSinks | None = None) -> None:
-        """Take every forward pass in `engine`'s steps, together with other sessions' over the same model
-        (None: through the decoder's own step); `drives`: the engine is this session's alone, and it runs
-        the steps itself. Otherwise its moves also yield Waiting (generation/engine_steps.py), for whoever
-        runs the steps. With `shared_sinks`, a new conversation's sinks are read once for all that begin
-        alike (engine/shared_sinks.py)."""
-        self.token_loop.engine = None if engine is None else EngineSteps(engine, drives, shared_sinks)
+    def run_in(self, engine: Engine | None, shared_sinks: SharedSinks | None = None) -> None:
+        """Take every forward pass in `engine`'s steps, together with other sessions' over the same model (None:
+        back to the session's own engine, whose steps it runs itself). Its moves then also yield Waiting
+        (generation/engine_steps.py), for whoever runs the steps. With `shared_sinks`, a new conversation's sinks
+        are read once for all that begin alike (engine/shared_sinks.py)."""
+        loop = self.token_loop
+        loop.engine = loop.own_engine if engine is None else EngineSteps(engine, shared_sinks=shared_sinks)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

@@ -1,6 +1,6 @@
 """Engine: every conversation's next forward pass, run together, one step at a time.
 
-    engine = Engine(model)
+    engine = Engine(model)     # or Engine(model, compile_backend="inductor"): a reply alone steps compiled
     engine.submit(request)     # a reply to decode, a text to read: it works in every step until it ends
     engine.step()              # draw -> schedule -> run -> settle
     engine.leave(cache)        # a conversation stopped waiting: its request, work and row go
@@ -37,8 +37,10 @@ from streamchat.engine.work import Fed, Request, Ticket
 class Engine:
     """The requests of every conversation over one model, and the steps that run them."""
 
-    def __init__(self, model: Any, token_budget: int = defaults.STEP_TOKEN_BUDGET) -> None:
-        self.runner = Runner(model)
+    def __init__(
+        self, model: Any, token_budget: int = defaults.STEP_TOKEN_BUDGET, compile_backend: str | None = None
+    ) -> None:
+        self.runner = Runner(model, compile_backend)
         self.token_budget = token_budget
         self._queued: list[Ticket] = []  # work drawn and not yet run (a chunk past a step's budget waits here)
         # Every request going on, in the order they came, but those whose work is queued: each waits here for its

@@ -1,6 +1,6 @@
 """The one place a step's work meets the model: decode rows and prompt chunks in one forward pass.
 
-    runner = Runner(model)
+    runner = Runner(model)               # or Runner(model, compile_backend="inductor")
     outcomes = runner.run(scheduled)     # a Fed for each ticket, in scheduled.tickets' order
     runner.leave(cache)                  # a reply ended: its cache owns its storage again
 
@@ -9,7 +9,9 @@ allocation, its own ledgers planning its step); each prompt chunk through its ow
 step. Where the model has the lean forward (placement/lean_forward.py, the llama family
 fused at load), all of them run as one ragged pass: the products read every weight once
 for the whole step. Other models run the decode rows in one pass and each chunk in its own,
-through the model's forward: the same results, more weight reads.
+through the model's forward: the same results, more weight reads. With a compile backend,
+a reply decoding alone steps through its compiled step (engine/compiled_step.py): the
+chat's, one conversation a step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from streamchat.cache.batch import BatchStep, CacheBatch
 from streamchat.cache.feeding import step_logits
 from streamchat.cache.sink_cache import SinkCache, Step
+from streamchat.engine.compiled_step import CompiledStep
 from streamchat.engine.scheduler import Scheduled
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk
 from streamchat.placement.lean_forward import Segment, lean_forward_for
@@ -37,10 +40,11 @@ class _Rows(NamedTuple):
 class Runner:
     """Runs scheduled steps over one model."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compile_backend: str | None = None) -> None:
         self.model = model
         self.lean = lean_forward_for(model)
         self.pool = CacheBatch()
+        self.compiled = CompiledStep(model, compile_backend) if compile_backend is not None else None
 
     @property
     def members(self) -> list[SinkCache]:
@@ -51,6 +55,8 @@ class Runner:
         """Feed every scheduled piece of work; what each got, in `scheduled.tickets`' order."""
         rows = [ticket.work for ticket in scheduled.rows]
         chunks = [ticket.work for ticket in scheduled.chunks]
+        if self.compiled is not None and len(rows) == 1 and not chunks and not self.pool.members:
+            return [self._compiled_step(rows[0])]
         with torch.inference_mode(), ExitStack() as opened:
             decode = self._open_rows(rows, opened) if rows else None
             reads = [opened.enter_context(chunk.cache.step(chunk.ids, chunk.label)) for chunk in chunks]
@@ -65,6 +71,14 @@ class Runner:
             self.pool.leave(cache)
             if len(self.pool.members) == 1:
                 self.pool.leave(self.pool.members[0])
+
+    def will_compile(self, cache: SinkCache) -> bool:
+        """Whether a step that decodes `cache` alone compiles first (slow: the chat says so)."""
+        return self.compiled is not None and self.compiled.will_compile(cache)
+
+    def _compiled_step(self, row: DecodeRow) -> Fed:
+        with row.cache.decode_step(row.label, row.token_id) as eviction:
+            return Fed(self.compiled(row.cache, row.token.reshape(1, 1)), eviction)
 
     def _open_rows(self, rows: list[DecodeRow], opened: ExitStack) -> _Rows:
         """Open the decode rows' step: one reply alone through its own cache's decode step, more through the pool."""

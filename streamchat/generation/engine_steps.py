@@ -6,14 +6,15 @@
     yield from steps.run(reply)    # Waiting(reply) until it ended, then what it said last
     yield from steps.run(reading)  # a text to read (generation/prompt_reading.py: Reading), the same way
     copied = yield from steps.copy_sinks(cache, ids, label)  # a new conversation's sinks, where another read them
-    step = engine_step(model, decoder)  # a benchmark's: each call, a step of an endless reply
+    step = engine_step(model, decoder)  # a benchmark's: each call, the next token of an endless reply
     # whoever drives the conversations (the server's worker), each round:
     engine.step()                  # then each request's events: request.said()
 
 A decoding reply is the engine's to step (streamchat.engine): at the start of each step it
-draws its token from its own logits, with its own settings and seeded sampler, exactly as
-its Decoder does alone; at the end it reads the logits the step gave, detokenizes the
-token and checks it for a stop. A text being read (a prompt, a replayed message) is the
+draws its token from its own logits, with its own settings and seeded sampler (its
+Decoder; on a GPU the host reads the token back once the step that feeds it is queued);
+at the end it reads the logits the step gave, detokenizes the token and checks it for a
+stop. A text being read (a prompt, a replayed message) is the
 engine's the same way, a chunk a step. Their events wait in them: whoever drives the
 engine takes them after each step, and resumes the conversation only once the request
 ended, so a token's text reaches its client without passing through the conversation's
@@ -34,11 +35,10 @@ from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Work
 from streamchat.errors import CacheStateError
-from streamchat.generation.decoder import Decoder
-from streamchat.generation.events import CacheOccupancy, Event, Evicted, TextDelta
+from streamchat.generation.decoder import Decoder, Drawn
+from streamchat.generation.events import CacheOccupancy, Compiled, Compiling, Event, Evicted, TextDelta
 from streamchat.generation.prompt_reading import Reading
 from streamchat.generation.reply import Reply
-from streamchat.generation.sampling import Settled
 
 
 class DecodingReply:
@@ -58,24 +58,22 @@ class DecodingReply:
         self.events: list[Event] = []  # said since the conversation last took them
         self.ended = False
         self.error: BaseException | None = None
-        self._stop_requested = stop_requested
+        self.stop_requested = stop_requested  # the conversation's stop(), heeded before each draw
         self._evicted = evicted
-        self._token = 0  # the token its work feeds
 
     def next_work(self) -> Work | None:
         """Its next token drawn (the leader's, under tensor parallelism), as work to feed; None on stop()."""
-        settled = self.decoder.draw_agreed(self._stop_requested())
-        if settled is None:
+        drawn = self.decoder.draw_agreed(self.stop_requested())
+        if drawn is None:
             self.reply.reason = "interrupted"
             return None
-        self._token = settled.token
-        return _token_work(self.decoder, settled)
+        return _token_work(self.decoder, drawn)
 
     def advance(self, fed: Fed) -> bool:
         """The step fed its token: the logits the next one is drawn from, and what the token means; False at
-        the end."""
-        self.decoder.fed(fed.logits)
-        return self.settle(self._token, fed.eviction)
+        the end. A guess drawn again says nothing: its step never happened, the next feeds the token."""
+        token = self.decoder.fed(fed.logits)
+        return True if token is None else self.settle(token, fed.eviction)
 
     def settle(self, token: int, eviction: Eviction | None) -> bool:
         """`token` was fed (making room evicted `eviction`): its text and eviction said, or taken back where it
@@ -113,45 +111,58 @@ class Waiting:
 
 
 class _Endless:
-    """A reply decoding in the engine that never ends and says nothing: a benchmark's steps (engine_step)."""
+    """A reply decoding in the engine that never ends and says nothing but its tokens: a benchmark's steps."""
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder, self.cache = decoder, decoder.cache
         self.error: BaseException | None = None
+        self.decoded: Decoded | None = None  # the last step's token and eviction (None: its guess was redrawn)
 
     def next_work(self) -> Work:
         return _token_work(self.decoder, self.decoder.draw())
 
     def advance(self, fed: Fed) -> bool:
-        self.decoder.fed(fed.logits)
+        token = self.decoder.fed(fed.logits)
+        self.decoded = None if token is None else Decoded(token, fed.eviction)
         return True
 
     def end(self, error: BaseException | None) -> None:
         self.error = error
 
 
-def engine_step(model: Any, decoder: Decoder) -> Callable[[], None]:
-    """Each call, the next step of `decoder`'s reply, decoding alone in an engine of its own as the chat's does
-    (its text aside): for a benchmark to time."""
-    engine, reply = Engine(model), _Endless(decoder)
+@dataclass(frozen=True)
+class Decoded:
+    """A token drawn and fed, and what feeding it evicted."""
+
+    token: int
+    eviction: Eviction | None
+
+
+def engine_step(model: Any, decoder: Decoder, compile_backend: str | None = None) -> Callable[[], Decoded]:
+    """Each call, the next token of `decoder`'s reply, decoding alone in an engine of its own as the chat's does
+    (its text aside; with `compile_backend`, its step compiled): for a benchmark to time, a test to read."""
+    engine, reply = Engine(model, compile_backend=compile_backend), _Endless(decoder)
     engine.submit(reply)
 
-    def step() -> None:
-        engine.step()
-        if reply.error is not None:
-            raise reply.error
+    def step() -> Decoded:
+        reply.decoded = None
+        while reply.decoded is None:  # a guess drawn again takes one more step
+            engine.step()
+            if reply.error is not None:
+                raise reply.error
+        return reply.decoded
 
     return step
 
 
-def _token_work(decoder: Decoder, settled: Settled) -> Work:
+def _token_work(decoder: Decoder, drawn: Drawn) -> Work:
     """A token drawn, as work to feed: a decode row, or a chunk of one while the cache's sinks are not full yet (a
     decode row needs them full). Its decoder's checkpoint first: what take_back() returns to."""
     decoder.checkpoint()
     cache, label = decoder.cache, decoder.label
     if cache.ledger.sinks_full:
-        return DecodeRow(cache, settled.on_device, settled.token, label)
-    return PromptChunk(cache, settled.on_device.reshape(1, 1), label)
+        return DecodeRow(cache, drawn.on_device, drawn.token_id, label)
+    return PromptChunk(cache, drawn.on_device.reshape(1, 1), label)
 
 
 class EngineSteps:
@@ -170,10 +181,13 @@ class EngineSteps:
         try:
             while not request.ended:
                 if self.drives:
-                    self._run_step(lambda: request.ended)
+                    yield from self._run_step(request)
                 else:
                     yield Waiting(request)
                 yield from request.said()
+            # What it said in steps run while the last of those were handed on (the driver steps the engine while
+            # the conversation waits on any of its yields): its reply's last text, its turn's end.
+            yield from request.said()
         finally:
             if not request.ended:  # abandoned (or interrupted): no step may go on with it behind its back
                 self.engine.leave(request.cache)
@@ -187,8 +201,16 @@ class EngineSteps:
             yield Waiting()
         return taken == "copied"
 
-    def _run_step(self, done: Callable[[], bool]) -> None:
+    def _run_step(self, request: DecodingReply | Reading) -> Generator[Event, None, None]:
         """Run the engine's next step, this conversation's alone (one that runs nothing is fine when the wait is
-        over: a reply stopped before its token was drawn)."""
-        if not self.engine.step() and not done():
+        over: a reply stopped before its token was drawn). A step that compiles first says so, before and after."""
+        runner = self.engine.runner
+        compiling = (
+            isinstance(request, DecodingReply) and runner.will_compile(request.cache) and not request.stop_requested()
+        )
+        if compiling:
+            yield Compiling()
+        if not self.engine.step() and not request.ended:
             raise CacheStateError("the engine's step ran nothing: is another conversation using it?")
+        if compiling and not runner.will_compile(request.cache):
+            yield Compiled(runner.compiled.seconds)

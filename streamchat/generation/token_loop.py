@@ -7,9 +7,10 @@ per token, in the phases of a turn:
     decode          draw, show and feed reply tokens until a stop
     feed            any other tokens: the end of a turn, a replayed message
 
-It owns the cache and the fixed-shape decode step, feeds every token labelled with its
-transcript message (the cache records both: streamchat.cache.record, what views read),
-and turns every eviction it makes into an Evicted event.
+It owns the cache, hands every forward pass to an engine's steps (its own, or one shared
+with other conversations: the server's), feeds every token labelled with its transcript
+message (the cache records both: streamchat.cache.record, what views read), and turns
+every eviction it makes into an Evicted event.
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache import SinkCache
-from streamchat.cache.feeding import forward
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
-from streamchat.engine.work import Fed
+from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder, StepChannel
 from streamchat.generation.engine_steps import DecodingReply, EngineSteps, Waiting
 from streamchat.generation.events import (
     CacheOccupancy,
-    Compiled,
-    Compiling,
     Event,
     Evicted,
     PromptSkipped,
@@ -76,7 +74,6 @@ class TokenLoop:
         self.tokenizer = tokenizer
         self.window = window
         self.prefill_chunk = prefill_chunk
-        self.compile_backend = compile_backend
         # Under tensor parallelism: how the ranks agree on tokens and stops (streamchat.distributed).
         self.channel = channel
         self.device = model.get_input_embeddings().weight.device
@@ -85,19 +82,19 @@ class TokenLoop:
         self.decoder: Decoder | None = None
         # Set from outside, a signal handler included: the loop heeds it between two forward passes.
         self.stop_requested = False
-        # Forward passes go through the engine, in steps shared with other conversations (the server's), when set.
-        self.engine: EngineSteps | None = None
+        # The engine whose steps take the forward passes: its own, which it drives, or one shared with other
+        # conversations (the server's: run_in()).
+        self.own_engine = EngineSteps(Engine(model, compile_backend=compile_backend), drives=True)
+        self.engine = self.own_engine
 
     def use_sinks(self, sinks: int) -> None:
         """Keep `sinks` tokens from now on, in a new, empty cache."""
         self.cache = self.decoder = None  # the old storage goes before the new one is allocated
         self.cache = SinkCache.for_model(self.model, sinks, self.window)
-        self.decoder = Decoder(
-            self.model, self.cache, self.compile_backend, vocab_size=len(self.tokenizer), channel=self.channel
-        )
+        self.decoder = Decoder(self.cache, vocab_size=len(self.tokenizer), channel=self.channel)
 
     def reset(self) -> None:
-        """Empty the cache, keeping its storage (and the decode step compiled for it)."""
+        """Empty the cache, keeping its storage (and the decode step compiled for it, if any)."""
         self.cache.reset()
 
     def is_whole(self) -> bool:
@@ -107,8 +104,8 @@ class TokenLoop:
 
     @contextmanager
     def alone(self) -> Iterator[None]:
-        """Within the block, forward passes run at once, outside the engine (for events nobody drives)."""
-        engine, self.engine = self.engine, None
+        """Within the block, forward passes run in its own engine's steps, at once (for events nobody drives)."""
+        engine, self.engine = self.engine, self.own_engine
         try:
             yield
         finally:
@@ -152,30 +149,8 @@ class TokenLoop:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
         self.decoder.start(logits, reply.settings, sampler, label=message)
         decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted)
-        if self.engine is None:
-            yield from self._decode(decoding)
-            return
         with out_of_memory_reported(self.device, "generating"):
             yield from self.engine.run(decoding)
-
-    def _decode(self, decoding: DecodingReply) -> Generator[Event, None, None]:
-        """The decoder's own steps, outside the engine; each token settled as the engine settles it."""
-        while True:
-            compiling = self.decoder.will_compile and not self.stop_requested
-            if compiling:
-                yield Compiling()
-            with out_of_memory_reported(self.device, "generating"):
-                # Already fed: a token that ends the reply is taken back. None: stop() was heeded.
-                decoded = self.decoder.next(self.stop_requested)
-            if decoded is None:
-                break
-            if compiling and self.decoder.compile_seconds is not None:
-                yield Compiled(self.decoder.compile_seconds)
-            goes_on = decoding.settle(decoded.token, decoded.eviction)
-            yield from decoding.said()
-            if not goes_on:
-                return
-        decoding.reply.reason = "interrupted"
 
     def feed(self, token_ids: list[int], message: int) -> Generator[Event | Waiting, None, torch.Tensor | None]:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
@@ -231,7 +206,7 @@ class TokenLoop:
         (engine/shared_sinks.py): copied in where one read them, else read in a pass of their own and kept.
         The logits after them (None when copied), and how many of the head's tokens they are (0: none shared)."""
         steps, sinks = self.engine, self.cache.sinks
-        if steps is None or steps.shared_sinks is None or self.cache.stats().seen or len(head) < sinks:
+        if steps.shared_sinks is None or self.cache.stats().seen or len(head) < sinks:
             return None, 0
         ids = head[:sinks]
         if (yield from steps.copy_sinks(self.cache, ids, message)):
@@ -255,19 +230,9 @@ class TokenLoop:
     def _read(self, reading: Reading) -> Generator[Event | Waiting, None, None]:
         """Read `reading` through the cache: in the engine's steps, or a pass at a time here."""
         with out_of_memory_reported(self.device, f"reading {reading.tokens:,} tokens"):
-            if self.engine is not None:
-                # Yields while the steps run: outside inference mode, which is the thread's, as the driver (the
-                # server's worker) runs other conversations between two items.
-                yield from self.engine.run(reading)
-                return
-            while (chunk := reading.next_work()) is not None:
-                with torch.inference_mode():
-                    fed = Fed(*forward(self.model, self.cache, chunk.ids, label=chunk.label))
-                goes_on = reading.advance(fed)
-                yield from reading.said()
-                if not goes_on:
-                    break
-            reading.end(None)
+            # Yields while the steps run: outside inference mode, which is the thread's, as the driver (the
+            # server's worker) runs other conversations between two items.
+            yield from self.engine.run(reading)
 
     def _make_room(self, incoming: int) -> Generator[Event, None, None]:
         """Make room ahead for `incoming` tokens; report what that evicted."""

@@ -19,6 +19,7 @@ import torch
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.generation.decoder import Decoder
+from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 
@@ -43,15 +44,16 @@ def decode_aten_calls_per_token(
 ) -> int:
     """aten calls per greedy decode step of streamchat's token loop after the prompt ids [1, n]."""
     cache = SinkCache.for_model(model, sinks, window)
-    decoder = Decoder(model, cache, compile_backend)
+    decoder = Decoder(cache)
     *_, last = prefill_chunks(model, cache, ids, defaults.PREFILL_CHUNK)
     decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
+    step = engine_step(model, decoder, compile_backend)
     for _ in range(WARM_UP_STEPS):
-        decoder.next()
+        step()
 
     def steps() -> None:
         for _ in range(COUNTED_STEPS):
-            decoder.next()
+            step()
 
     return round(aten_calls(steps) / COUNTED_STEPS)
 

@@ -16,6 +16,7 @@ constant across steps. Callers run all of it under torch.inference_mode().
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +25,7 @@ from transformers import DynamicCache
 from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.generation.decoder import Decoder
+from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler, make_draw
 from streamchat.generation.settings import GenerationSettings
 
@@ -66,7 +68,9 @@ class StreamingDecoder(_Sampling):
     ) -> None:
         super().__init__(model, settings, seed)
         self.cache = SinkCache.for_model(model, sinks, window)
-        self.decoder = Decoder(model, self.cache, compile_backend)
+        self.decoder = Decoder(self.cache)
+        self.compile_backend = compile_backend
+        self._step: Callable[[], object] | None = None
 
     @property
     def fill(self) -> int:
@@ -81,9 +85,10 @@ class StreamingDecoder(_Sampling):
         for chunk in prefill_chunks(self.model, self.cache, input_ids, defaults.PREFILL_CHUNK):
             self.logits = chunk.logits
         self.decoder.start(self.logits, self.settings, self.sampler)
+        self._step = engine_step(self.model, self.decoder, self.compile_backend)
 
     def step(self) -> None:
-        self.decoder.next()
+        self._step()
 
 
 class DenseDecoder(_Sampling):

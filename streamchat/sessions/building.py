@@ -6,8 +6,6 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from streamchat.conversation.session import ChatSession
     from streamchat.generation.decoder import StepChannel
     from streamchat.interface.config import RunConfig
@@ -18,7 +16,7 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
     """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
     # Imported here, not above: the command line imports this module, and `streamchat --version` loads no torch.
     from streamchat.conversation.session import ChatSession, SessionOptions
-    from streamchat.generation.decoder import compile_backend
+    from streamchat.engine.compiled_step import compile_backend
     from streamchat.generation.settings import GenerationSettings
 
     settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
@@ -39,17 +37,6 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
         from streamchat.loading.conversion import use_compile_cache
 
         use_compile_cache()
-    session = ChatSession(loaded.model, loaded.tokenizer, options)
-    if steps_in_engine(options.compile_backend, loaded.device):
-        from streamchat.engine.engine import Engine
-
-        # The chat's steps are the server's: one conversation, one row (under --tp, every rank's engine takes
-        # the step the leader's takes).
-        session.run_in(Engine(loaded.model), drives=True)
-    return session
-
-
-def steps_in_engine(compile_backend: str | None, device: torch.device) -> bool:
-    """Whether a chat takes its steps in an engine (its own): on a CPU, uncompiled. Not for a compiled step or on
-    an accelerator, where the decoder's own step (one graph, the token read back a step late) is the faster."""
-    return compile_backend is None and device.type == "cpu"
+    # Its own engine takes its steps (as the server's takes many conversations'), compiled where asked; under
+    # --tp every rank's engine takes the step the leader's takes.
+    return ChatSession(loaded.model, loaded.tokenizer, options)

@@ -150,8 +150,8 @@ def test_an_abandoned_reply_is_closed_too():
 def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
     session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), keep=4, window=30)
     sampled = []
-    next_token = session.decoder.next
-    session.decoder.next = lambda *stop: sampled.append(next_token(*stop)) or sampled[-1]
+    fed = session.decoder.fed  # each step's token, settled after the step fed it
+    session.decoder.fed = lambda logits: sampled.append(fed(logits)) or sampled[-1]
     prompt = session.chat_format.prompt_ids("Hello!", first_turn=True)
     turn = session.chat("Hello!")
     for event in turn:
@@ -159,7 +159,7 @@ def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
             break  # the eviction that made room for the latest sampled token
     turn.close()
     eot = list(session.chat_format.end_of_turn_ids)
-    assert session.cache_view().token_ids[-len(eot) - 1 :] == [sampled[-1].token, *eot]
+    assert session.cache_view().token_ids[-len(eot) - 1 :] == [sampled[-1], *eot]
     assert session.cache_stats().seen == len(prompt) + len(sampled) + len(eot)
 
 

@@ -1,4 +1,5 @@
-"""The token loop: compiled decode steps equal eager ones, one graph, no recompiles; take_back is exact."""
+"""A reply's draws, a step at a time in an engine: compiled steps equal eager ones, one graph, no recompiles;
+take_back is exact; a token fed before the host reads it settles as one read first."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch._dynamo
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import CacheSnapshot
+from streamchat.engine.compiled_step import compile_backend
 from streamchat.errors import ConfigError
-from streamchat.generation.decoder import Decoder, _Reader, compile_backend
+from streamchat.generation.decoder import Decoder, _Reader
+from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import VOCAB, tiny_model
@@ -25,9 +28,10 @@ def stream(model, backend: str | None, settings: GenerationSettings) -> list[int
     """STEPS tokens decoded after a random prompt through 4 + 60 slots: evictions from step 40, rebases."""
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-    decoder = Decoder(model, cache, compile_backend=backend)
+    decoder = Decoder(cache)
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    tokens = [decoder.next().token for _ in range(STEPS)]
+    step = engine_step(model, decoder, backend)
+    tokens = [step().token for _ in range(STEPS)]
     assert cache.stats().evicted == PROMPT + STEPS - SINKS - WINDOW
     assert cache.ledger.position_offset > 0  # rebased on the way
     return tokens
@@ -58,14 +62,15 @@ def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened(greedy):
     straight = stream(model, None, greedy)
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-    decoder = Decoder(model, cache)
+    decoder = Decoder(cache)
     decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
+    step = engine_step(model, decoder)
     tokens = []
-    for step in range(STEPS):
-        token = decoder.next().token
-        if step % 37 == 36:
+    for index in range(STEPS):
+        token = step().token
+        if index % 37 == 36:
             decoder.take_back()
-            assert decoder.next().token == token
+            assert step().token == token
         tokens.append(token)
     assert tokens == straight
 
@@ -74,11 +79,12 @@ def test_each_token_comes_with_what_feeding_it_evicted():
     model = tiny_model("llama")
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-    decoder = Decoder(model, cache)
+    decoder = Decoder(cache)
     fed = forward(model, cache, prompt)
     assert fed.eviction is None
     decoder.start(fed.logits, GenerationSettings(temperature=0.0), Sampler(seed=11))
-    evictions = [decoder.next().eviction for _ in range(100)]
+    step = engine_step(model, decoder)
+    evictions = [step().eviction for _ in range(100)]
     # The window fills with the 44th reply token; from then on each token evicts the oldest one.
     assert evictions[:44] == [None] * 44
     assert [(e.count, e.first_index, e.last_index) for e in evictions[44:]] == [(1, i, i) for i in range(4, 60)]
@@ -104,18 +110,6 @@ def test_an_unknown_compile_setting_is_refused_by_name():
         compile_backend("yes", torch.device("cpu"))
 
 
-def test_a_stop_requested_before_a_step_feeds_nothing_and_returns_none():
-    model = tiny_model("llama")
-    cache = SinkCache.for_model(model, 4, 30)
-    decoder = Decoder(model, cache)
-    logits = forward(model, cache, torch.tensor([[1, 5, 9]])).logits
-    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
-    seen = cache.stats().seen
-    assert decoder.next(stop_requested=True) is None
-    assert cache.stats().seen == seen
-    assert decoder.next().token == int(logits[0, -1].argmax())
-
-
 def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_it_never_happened():
     model = tiny_model("llama")
     greedy = GenerationSettings(temperature=0.0)
@@ -124,17 +118,18 @@ def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_
         """The cache after 130 steps, with the steps in `take_back_at` taken back and fed again; the rebase steps."""
         cache = SinkCache.for_model(model, SINKS, WINDOW)
         prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-        decoder = Decoder(model, cache)
+        decoder = Decoder(cache)
         decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
+        step = engine_step(model, decoder)
         rebases = []
-        for step in range(130):
+        for index in range(130):
             offset = cache.ledger.position_offset
-            decoder.next()
-            if step in take_back_at:
+            step()
+            if index in take_back_at:
                 decoder.take_back()
-                decoder.next()
+                step()
             if cache.ledger.position_offset != offset:
-                rebases.append(step)
+                rebases.append(index)
         return CacheSnapshot.whole(cache).tensors(), rebases
 
     straight, rebases = decoded(set())
@@ -163,9 +158,10 @@ def greedy_reply(model, frequency: float, presence: float, steps: int = 40) -> l
     settings = GenerationSettings(temperature=0.0, frequency_penalty=frequency, presence_penalty=presence)
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-    decoder = Decoder(model, cache, vocab_size=VOCAB)
+    decoder = Decoder(cache, vocab_size=VOCAB)
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    return [decoder.next().token for _ in range(steps)]
+    step = engine_step(model, decoder)
+    return [step().token for _ in range(steps)]
 
 
 @pytest.mark.parametrize(("frequency", "presence"), [(0.5, 1.0), (2.0, 0.0), (0.0, -2.0), (-0.3, 0.2)])
@@ -204,7 +200,7 @@ def test_a_presence_penalty_of_minus_2_past_the_logits_spread_repeats_the_first_
 
 
 class _LateReader(_Reader):
-    """The CUDA order on the CPU: the token is fed before the host reads it (next()'s asynchronous path)."""
+    """The CUDA order on the CPU: the token is fed before the host reads it (draw()'s asynchronous path)."""
 
     def __init__(self) -> None:
         super().__init__(torch.device("cpu"))
@@ -223,13 +219,14 @@ def test_the_cache_records_every_decoded_token_with_the_replys_label_whether_rea
     model = tiny_model("llama")
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
-    decoder = Decoder(model, cache)
+    decoder = Decoder(cache)
     if late:
         decoder._reader = _LateReader()
     decoder.start(forward(model, cache, prompt, label=0).logits, SAMPLED, Sampler(seed=11), label=1)
+    step = engine_step(model, decoder)
     tokens, evicted = [], []
     for _ in range(100):
-        decoded = decoder.next()
+        decoded = step()
         tokens.append(decoded.token)
         evicted += decoded.eviction.token_ids if decoded.eviction is not None else ()
     held = cache.held_tokens()

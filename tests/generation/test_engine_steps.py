@@ -40,21 +40,24 @@ class Conversation:
         self.settings, self.seed = settings, seed
         self.cache = SinkCache.for_model(model, sinks, WINDOW)
         ids = torch.randint(3, VOCAB, (1, prompt), generator=torch.Generator().manual_seed(seed))
-        self.decoder = Decoder(model, self.cache, vocab_size=VOCAB)
+        self.decoder = Decoder(self.cache, vocab_size=VOCAB)
         self.decoder.start(forward(model, self.cache, ids).logits, settings, Sampler(seed=seed))
+        self.model = model
         self.tokens: list[int] = []
         self.ended = False
 
-    def alone(self) -> list[int]:
-        return [self.decoder.next().token for _ in range(self.count)]
+    def alone(self, count: int | None = None) -> list[int]:
+        """Its next `count` tokens (its reply's), decoded in an engine of its own: one row a step."""
+        step = engine_step(self.model, self.decoder)
+        return [step().token for _ in range(count or self.count)]
 
     # ---- a request of the engine's (engine/work.py: Request): `count` tokens, drawn and fed as a reply's are ----
 
     def next_work(self) -> DecodeRow:
-        settled = self.decoder.draw()
+        drawn = self.decoder.draw()
         self.decoder.checkpoint()
-        self.tokens.append(settled.token)
-        return DecodeRow(self.cache, settled.on_device, settled.token)
+        self.tokens.append(drawn.token_id)
+        return DecodeRow(self.cache, drawn.on_device, drawn.token_id)
 
     def advance(self, fed: Fed) -> bool:
         self.decoder.fed(fed.logits)
@@ -132,7 +135,7 @@ def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_st
             assert layer.keys._base is None and layer.keys.is_contiguous()  # no view of the pool left
     # ... and each goes on decoding alone exactly as the one never batched
     for one, other in zip(alone, batched, strict=True):
-        assert [other.decoder.next().token for _ in range(20)] == [one.decoder.next().token for _ in range(20)]
+        assert other.alone(20) == one.alone(20)
 
 
 def chat_session(model, settings: GenerationSettings, system: str, **options):
@@ -227,7 +230,7 @@ def test_a_driver_takes_each_reply_s_text_from_the_reply_and_resumes_its_convers
     assert engine.rows_fed > engine.steps  # the replies decoded together
 
 
-def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_nothing():
+def test_a_conversation_with_its_own_engine_runs_each_step_and_yields_nothing_but_its_events():
     from streamchat.conversation.session import ChatSession, SessionOptions
     from tests.support.tokenizers import byte_level_tokenizer
 
@@ -239,28 +242,28 @@ def test_a_conversation_with_the_engine_to_itself_runs_each_step_and_yields_noth
         options = SessionOptions(settings=settings, window=40, system_prompt="Hi.")
         return ChatSession(model, byte_level_tokenizer(), options)
 
-    alone, driven = session(), session()
+    alone, shared = session(), session()
     engine = Engine(model)
-    driven.run_in(engine, drives=True)
+    shared.run_in(engine)
     for question in ["Hello there.", "And then what happened?", "Go on."]:
         mine = list(alone.chat(question))
-        theirs = list(driven.chat(question))
-        assert not any(isinstance(event, Waiting) for event in theirs)
+        [theirs] = driven(engine, [shared.chat(question)])
+        assert not any(isinstance(event, Waiting) for event in mine)
         assert [e.text for e in theirs if hasattr(e, "text")] == [e.text for e in mine if hasattr(e, "text")]
-    assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
-    assert engine.steps > 0 and engine.runner.members == []  # every step ran through the engine, one row
+    assert_same_conversation(alone, shared)
+    own = alone.token_loop.own_engine.engine
+    assert own.steps > 0 and own.runner.members == []  # every step ran through its engine, one row
 
-    def stopped_after_three_deltas(session: ChatSession) -> str:
+    def stopped_after_three_deltas(session: ChatSession) -> tuple[str, int]:
         deltas, finished = 0, None
         for event in session.chat("Tell me more, at length."):
             deltas += isinstance(event, TextDelta)
             if deltas == 3:
                 session.stop()  # a Ctrl-C: heeded before the next token is drawn
             finished = event
-        return finished.stats.stop_reason
+        return finished.stats.stop_reason, deltas
 
-    assert stopped_after_three_deltas(driven) == stopped_after_three_deltas(alone) == "interrupted"
-    assert driven.transcript == alone.transcript and driven.cache_stats() == alone.cache_stats()
+    assert stopped_after_three_deltas(alone) == ("interrupted", 3)
 
 
 def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens():
@@ -278,14 +281,12 @@ def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens(
     questions = ["Hello there.", "And then what happened?"]
     alone, leader_channel = session(None), Recorder()
     leader = session(leader_channel)
-    leader.run_in(Engine(model), drives=True)
     for question in questions:
         list(alone.chat(question))
         list(leader.chat(question))
     assert leader.transcript == alone.transcript  # the leader draws as a run without ranks does
-    follower_engine = Engine(model)
     follower = session(Replayer(leader_channel.steps), seed=5)  # a follower never draws: its seed is moot
-    follower.run_in(follower_engine, drives=True)
+    follower_engine = follower.token_loop.own_engine.engine
     for question in questions:
         list(follower.chat(question))
     assert follower.transcript == leader.transcript and follower.cache_stats() == leader.cache_stats()
@@ -293,24 +294,21 @@ def test_ranks_in_lockstep_each_through_its_own_engine_feed_the_leader_s_tokens(
     assert follower_engine.steps >= len(tokens_told) > 0  # the follower fed every token told in its engine
 
 
-def test_a_benchmark_s_engine_steps_feed_the_tokens_the_decoder_s_own_steps_feed():
+def test_a_benchmark_s_engine_steps_feed_the_greedy_tokens_of_the_model_s_own_forward():
     model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB))
     fuse_projections(model)  # the lean pass, as the chat's engine runs it
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
-
-    def decoder() -> Decoder:
-        cache = SinkCache.for_model(model, 4, 12)
-        one = Decoder(model, cache, vocab_size=VOCAB)
-        one.start(forward(model, cache, ids).logits, GREEDY, Sampler(0))
-        return one
-
-    alone, stepped = decoder(), decoder()
-    step = engine_step(model, stepped)
+    cache, reference = SinkCache.for_model(model, 4, 12), SinkCache.for_model(model, 4, 12)
+    decoder = Decoder(cache, vocab_size=VOCAB)
+    decoder.start(forward(model, cache, ids).logits, GREEDY, Sampler(0))
+    step = engine_step(model, decoder)
+    logits, expected = forward(model, reference, ids).logits, []
     for _ in range(20):  # past the window: evicting
-        alone.next()
-        step()
-    assert stepped.cache.held_tokens() == alone.cache.held_tokens()
-    assert stepped.cache.stats() == alone.cache.stats() and alone.cache.stats().evicted > 0
+        expected.append(int(logits[0, -1].argmax()))
+        logits = forward(model, reference, torch.tensor([expected[-1:]])).logits
+    assert [step().token for _ in range(20)] == expected
+    assert cache.held_tokens() == reference.held_tokens()
+    assert cache.stats() == reference.stats() and cache.stats().evicted > 0
 
 
 def assert_same_conversation(alone, shared) -> None:

@@ -10,7 +10,9 @@ import torch._dynamo
 from transformers import DynamicCache
 
 from streamchat.cache import SinkCache, forward
-from streamchat.generation.decoder import Decoder, decode_step
+from streamchat.engine.compiled_step import decode_step, step_function
+from streamchat.generation.decoder import Decoder
+from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.device import Accelerators
@@ -137,8 +139,9 @@ def test_the_compiled_lean_step_is_one_graph_that_never_recompiles_and_matches_e
 def stream(model: torch.nn.Module, backend: str | None, settings: GenerationSettings) -> list[int]:
     """STEPS tokens through SINKS + WINDOW slots after a PROMPT-token prompt, by the decoder (the lean step)."""
     cache = SinkCache.for_model(model, SINKS, WINDOW)
-    decoder = Decoder(model, cache, compile_backend=backend)
-    assert decoder._step_fn is not decode_step  # the lean step, compiled or not
+    assert step_function(model) is not decode_step  # the lean step, compiled or not
+    decoder = Decoder(cache)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    return [decoder.next().token for _ in range(STEPS)]
+    step = engine_step(model, decoder, backend)
+    return [step().token for _ in range(STEPS)]
