@@ -14,12 +14,12 @@ A decoding reply is the engine's to step (streamchat.engine): at the start of ea
 draws its token from its own logits, with its own settings and seeded sampler (its
 Decoder; on a GPU the host reads the token back once the step that feeds it is queued);
 at the end it reads the logits the step gave, detokenizes the token and checks it for a
-stop. A text being read (a prompt, a replayed message) is the
-engine's the same way, a chunk a step. Their events wait in them: whoever drives the
-engine takes them after each step, and resumes the conversation only once the request
-ended, so a token's text reaches its client without passing through the conversation's
-turn. A conversation yields Waiting, not an event, while it waits for steps. One that has
-the engine to itself (`drives`: the chat, a piped run) runs the steps itself instead,
+stop. A text being read (a prompt, a replayed message) is the engine's the same way, a
+chunk a step. Their events wait in them: whoever drives the engine takes them after each
+step, and resumes the conversation only once the request ended, so a token's text reaches
+its client without passing through the conversation's turn. A conversation yields
+Waiting, not an event, while it waits for steps. One that has the engine to itself
+(`drives`: its own engine, the chat's and a piped run's) runs the steps itself instead,
 yields the request's events after each, and never Waiting.
 """
 
@@ -73,9 +73,9 @@ class DecodingReply:
         """The step fed its token: the logits the next one is drawn from, and what the token means; False at
         the end. A guess drawn again says nothing: its step never happened, the next feeds the token."""
         token = self.decoder.fed(fed.logits)
-        return True if token is None else self.settle(token, fed.eviction)
+        return True if token is None else self._settle(token, fed.eviction)
 
-    def settle(self, token: int, eviction: Eviction | None) -> bool:
+    def _settle(self, token: int, eviction: Eviction | None) -> bool:
         """`token` was fed (making room evicted `eviction`): its text and eviction said, or taken back where it
         ends the reply; False when the reply ends there."""
         if token in self.stop_ids:  # fed as a guess; it ends the reply without belonging in the cache

@@ -8,7 +8,7 @@ evicted again before the model could answer, so skipping it changes what the mod
 sees only by what the first of those windows was computed after.
 
     reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
-    # in the engine's steps (engine/work.py: Request), or alone: next_work() -> fed -> advance(fed) ...
+    # in an engine's steps (engine/work.py: Request): next_work() -> fed -> advance(fed) ...
     reading.logits, reading.said()          # the logits after its last token; what it said since last asked
 """
 

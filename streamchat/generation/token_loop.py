@@ -228,7 +228,7 @@ class TokenLoop:
         return Reading(self.cache, parts, message, self._chunk, self._evicted, **options)
 
     def _read(self, reading: Reading) -> Generator[Event | Waiting, None, None]:
-        """Read `reading` through the cache: in the engine's steps, or a pass at a time here."""
+        """Read `reading` through the cache, in the engine's steps."""
         with out_of_memory_reported(self.device, f"reading {reading.tokens:,} tokens"):
             # Yields while the steps run: outside inference mode, which is the thread's, as the driver (the
             # server's worker) runs other conversations between two items.
