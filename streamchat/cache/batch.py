@@ -90,6 +90,11 @@ class CacheBatch(Cache):
 
     # ---- membership ------------------------------------------------------------------------
 
+    @property
+    def capacity(self) -> int:
+        """How many members the pool has rows for (it grows as they join, or reserve() grows it)."""
+        return self._keys[0].shape[0] if self._keys else 0
+
     def __contains__(self, cache: object) -> bool:
         return any(member is cache for member in self.members)
 
@@ -116,6 +121,14 @@ class CacheBatch(Cache):
         for cache in joining:
             self._copy_in(cache, len(self.members))
             self.members.append(cache)
+
+    @torch.inference_mode()
+    def reserve(self, rows: int, like: SinkCache) -> None:
+        """Room for `rows` members laid out as `like` (its sinks filled), now rather than as they join: memory
+        short for them fails here, and the first replies to start together wait for no allocation."""
+        if not like.ledger.sinks_full or not all(layer.is_initialized for layer in like.layers):
+            raise CacheStateError("a batch is reserved after a cache whose sinks are filled")
+        self._ensure_room(rows, [*self.members, like])
 
     @torch.inference_mode()
     def leave(self, cache: SinkCache) -> None:
@@ -310,9 +323,9 @@ class CacheBatch(Cache):
         layers = range(len(members[0].layers))
         widths = [max(member.layers[index].keys.shape[2] for member in members) for index in layers]
         sinks = max(member.sinks for member in members)
-        if self._keys and self._keys[0].shape[0] >= rows and self._fits(widths, sinks):
+        if self.capacity >= rows and self._fits(widths, sinks):
             return
-        rows = max(rows, self._keys[0].shape[0] if self._keys else 0)
+        rows = max(rows, self.capacity)
         template = members[0]
         self._keys, self._values, self._pristine, self._partners = [], [], [], []
         for layer, width in zip(template.layers, widths, strict=True):

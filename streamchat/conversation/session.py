@@ -52,8 +52,8 @@ from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.cache_view import CacheView
-from streamchat.generation.decoder import Decoder, StepChannel
-from streamchat.generation.engine_steps import EngineSteps
+from streamchat.generation.decoder import StepChannel
+from streamchat.generation.engine_steps import EngineSteps, Waiting
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -122,10 +122,6 @@ class ChatSession:
         return self.token_loop.cache
 
     @property
-    def decoder(self) -> Decoder:
-        return self.token_loop.decoder
-
-    @property
     def device(self) -> torch.device:
         return self.token_loop.device
 
@@ -134,10 +130,9 @@ class ChatSession:
         return self.token_loop.channel
 
     def run_in(self, engine: Engine | None, shared_sinks: SharedSinks | None = None) -> None:
-        """Take every forward pass in `engine`'s steps, together with other sessions' over the same model (None:
-        back to the session's own engine, whose steps it runs itself). Its moves then also yield Waiting
-        (generation/engine_steps.py), for whoever runs the steps. With `shared_sinks`, a new conversation's sinks
-        are read once for all that begin alike (engine/shared_sinks.py)."""
+        """Take every forward pass in `engine`'s steps, with other sessions' (None: its own engine's, which it runs),
+        its moves yielding Waiting for whoever runs them (generation/engine_steps.py); with `shared_sinks`, new
+        conversations that begin alike read their sinks once (engine/shared_sinks.py)."""
         loop = self.token_loop
         loop.engine = loop.own_engine if engine is None else EngineSteps(engine, shared_sinks=shared_sinks)
 
@@ -175,6 +170,13 @@ class ChatSession:
         # /regen answers the same prompt again: not one that was read only in part.
         self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
         yield from self._reply(read.logits, read.tokens, started, read.at, read.copied)
+
+    def share_sinks(self) -> Iterator[Event | Waiting]:
+        """Before any turn: the sinks every first turn begins with (the system turn, by default) read for the
+        conversations sharing its engine to copy (a server warming up); the cache holds them until reset()."""
+        ids = self.chat_format.common_start(self.cache.sinks)
+        if ids and not self.transcript:
+            yield from self.token_loop.share_sinks(ids, message=0)
 
     def regenerate(self) -> Iterator[Event]:
         """Take back the last reply and generate another one for the same message."""

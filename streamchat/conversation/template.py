@@ -138,6 +138,11 @@ class ChatFormat:
     def system_prompt(self) -> str | None:
         return self._system_prompt
 
+    def common_start(self, count: int) -> list[int] | None:
+        """The first `count` tokens of every first prompt; None where they would hold the user's own words."""
+        first, other = (self.prompt_ids(text, first_turn=True)[:count] for text in ("Hi.", "Yes?"))
+        return first if count and first == other and len(first) == count else None
+
     def reply_ids(self, reply_text: str) -> list[int]:
         """The tokens a finished reply puts in the cache: its text, then the end of turn."""
         return self._encode(reply_text) + list(self.end_of_turn_ids)

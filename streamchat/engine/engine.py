@@ -4,6 +4,7 @@
     engine.submit(request)     # a reply to decode, a text to read: it works in every step until it ends
     engine.step()              # draw -> schedule -> run -> settle
     engine.leave(cache)        # a conversation stopped waiting: its request, work and row go
+    engine.reserve(rows, like) # the decode pool grown for that many replies now, not as they start
 
 One step is one forward pass (nano-vllm's LLMEngine.step), in four phases:
 
@@ -81,6 +82,10 @@ class Engine:
         for ticket, outcome in zip(tickets, outcomes, strict=True):
             self._settle(ticket.request, outcome)
         return True
+
+    def reserve(self, rows: int, like: SinkCache) -> None:
+        """Room in the decode pool for `rows` replies whose caches are laid out as `like`, now (a server's start)."""
+        self.runner.pool.reserve(rows, like)
 
     def leave(self, cache: SinkCache) -> None:
         """`cache`'s conversation stopped (its request ended, or was abandoned): its request and queued work are

@@ -158,6 +158,11 @@ class TokenLoop:
         yield from self._read(reading)
         return reading.logits
 
+    def share_sinks(self, ids: list[int], message: int) -> Generator[Event | Waiting, None, None]:
+        """Into the empty cache, `ids`, the sinks of a first prompt of message `message`, as the conversations
+        sharing the engine that begin with them will copy them (engine/shared_sinks.py): read once, or copied."""
+        yield from self._share_sinks(ids, message)
+
     def replay_progress(self, total: int) -> ReadingProgress:
         """The progress of a replay `total` tokens long, over the tokens it reads (replay_message's)."""
         read = replayed_count(total, self.cache.sinks, self.cache.window)

@@ -24,7 +24,7 @@ from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
-from streamchat.errors import SessionFileError
+from streamchat.errors import SessionFileError, out_of_memory_as
 from streamchat.generation.engine_steps import Waiting
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.generation.settings import GenerationSettings
@@ -115,6 +115,7 @@ class ConversationPool:
         again continues the conversation, the message resent taking its place; one that ends on a reply that was
         stopped, as cut short: its client may have read any start of it)."""
         session = self._new_session()
+        self._warm_up(session)
         self._made += 1
         self._free.append(session)
         self.base_settings = session.settings
@@ -254,6 +255,25 @@ class ConversationPool:
                 self.park(min(idle, key=lambda c: c.last_used))
                 continue
             yield WAIT  # every live conversation is answering: wait for one to finish
+
+    def _warm_up(self, session: ChatSession) -> None:
+        """Before the first request, in the first session: the sinks of the default system turn read and kept for
+        new conversations to copy, and the decode pool grown for every live conversation. The first requests to
+        come together wait for neither, and memory too short for them fails the start, not a request."""
+        engine = self.served.engine
+        if engine is None:
+            return
+        short = (
+            f"out of memory on {session.device} making room for {self.max_live} conversations; try a smaller "
+            "--max-conversations, a smaller --window, or a smaller model"
+        )
+        with out_of_memory_as(short):
+            for item in session.share_sinks():
+                if isinstance(item, Waiting):
+                    engine.step()
+            if session.cache.ledger.sinks_full:
+                engine.reserve(self.max_live, session.cache)
+        session.reset()
 
     def _new_session(self) -> ChatSession:
         session = self.served.new_session()

@@ -150,8 +150,9 @@ def test_an_abandoned_reply_is_closed_too():
 def test_a_reply_abandoned_at_an_eviction_keeps_every_sampled_token():
     session = make_session(settings=GenerationSettings(max_new_tokens=50, temperature=0.0), keep=4, window=30)
     sampled = []
-    fed = session.decoder.fed  # each step's token, settled after the step fed it
-    session.decoder.fed = lambda logits: sampled.append(fed(logits)) or sampled[-1]
+    decoder = session.token_loop.decoder
+    fed = decoder.fed  # each step's token, settled after the step fed it
+    decoder.fed = lambda logits: sampled.append(fed(logits)) or sampled[-1]
     prompt = session.chat_format.prompt_ids("Hello!", first_turn=True)
     turn = session.chat("Hello!")
     for event in turn:

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from streamchat.conversation.kept_prefix import system_turn_length
 from streamchat.conversation.template import ChatFormat, fallback_template, stop_token_ids
 from streamchat.errors import ChatTemplateError, UnsupportedModelError
 from tests.support.tokenizers import (
@@ -296,3 +297,11 @@ def test_foreign_end_of_turn_spelled_as_text_is_refused() -> None:
     template = shared_template("phi-3")
     with pytest.raises(ChatTemplateError, match=r"a reply ending in '\.' merges into one token"):
         ChatFormat(default_model_tokenizer_or_skip(), chat_template=template)
+
+
+def test_every_first_prompt_begins_with_the_system_turn_and_no_further():
+    chat_format = ChatFormat(byte_level_tokenizer(), system_prompt=SYSTEM)
+    turn = system_turn_length(chat_format)
+    assert chat_format.common_start(turn) == chat_format.prompt_ids("Anything.", first_turn=True)[:turn]
+    assert chat_format.common_start(turn + 8) is None  # the user's words
+    assert chat_format.common_start(0) is None

@@ -93,6 +93,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         model_and_tokenizer: tuple[Any, Any],
         *,
         window: int = 64,
+        keep: Any = 4,
+        system: str | None = None,
         max_conversations: int = 4,
         max_waiting: int = 8,
         api_key: str | None = None,
@@ -105,12 +107,13 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     ) -> RunningServer:
         model, tokenizer = model_and_tokenizer
         sessions = sessions or tmp_path / f"sessions-{len(stops)}"
+        session_options = SessionOptions(keep=keep, window=window, settings=SETTINGS, system_prompt=system)
         served = Served(
             name="tiny",
-            new_session=lambda: ChatSession(model, tokenizer, SessionOptions(keep=4, window=window, settings=SETTINGS)),
+            new_session=lambda: ChatSession(model, tokenizer, session_options),
             key=KEY,
             sessions=sessions,
-            cache_layout={"keep": 4, "window": window},
+            cache_layout={"keep": keep, "window": window},
             engine=Engine(model) if batched else None,
             shared_sinks=SharedSinks() if batched else None,
             reply_tokens_limit=reply_tokens_limit,

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from streamchat.conversation.kept_prefix import system_turn_length
 from streamchat.conversation.template import ChatFormat
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import HELLO_BODY, REPLY, SETTINGS, raw_request, wait_idle
@@ -66,6 +67,27 @@ def test_new_conversations_that_begin_alike_read_the_sinks_once_and_report_them_
     # The first read the 4 sinks; the others copied them in: not read for their requests.
     assert [usage.prompt_tokens_details.cached_tokens for usage in usages] == [0, 4, 4]
     assert replies[2] == replies[0]  # the same first message, sinks read or copied: the same greedy reply
+
+
+def test_a_server_reads_its_default_system_turn_at_start_and_its_first_conversations_copy_it(
+    start_server, endless
+) -> None:
+    _, tokenizer = endless
+    system = "You answer in one word."
+    warm = start_server(endless, keep="system", system=system, max_conversations=3)
+    cold = start_server(endless, keep="system", system=system, batched=False)  # no engine: each reads all
+    sinks = system_turn_length(ChatFormat(tokenizer, system_prompt=system))  # what keep="system" keeps
+    engine = warm.pool.served.engine
+    assert engine.runner.pool.capacity == 4  # rows for every live conversation (a power of two), before any came
+    steps = engine.steps
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 8}
+    first = warm.client.chat.completions.create(**body, temperature=0)
+    usage = first.usage
+    assert usage.prompt_tokens_details.cached_tokens == sinks > 0  # copied in: read at the start, not for it
+    assert usage.prompt_tokens == new_turn_tokens(tokenizer, "Hello there.", True, system)
+    # The same reply as from sinks read with the prompt.
+    assert first.choices[0].message == cold.client.chat.completions.create(**body, temperature=0).choices[0].message
+    assert engine.steps > steps and warm.pool.served.shared_sinks.copies == 1
 
 
 def test_a_history_the_server_does_not_hold_starts_a_conversation_by_replay(start_server, scripted) -> None:
