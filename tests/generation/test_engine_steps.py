@@ -22,6 +22,7 @@ from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.fusion import fuse_projections
 from tests.distributed.test_follower import Recorder, Replayer
+from tests.generation.test_decoder import _LateReader
 from tests.support.models import VOCAB, tiny_model
 
 WINDOW = 48
@@ -56,11 +57,12 @@ class Conversation:
     def next_work(self) -> DecodeRow:
         drawn = self.decoder.draw()
         self.decoder.checkpoint()
-        self.tokens.append(drawn.token_id)
         return DecodeRow(self.cache, drawn.on_device, drawn.token_id)
 
     def advance(self, fed: Fed) -> bool:
-        self.decoder.fed(fed.logits)
+        token = self.decoder.fed(fed.logits)  # None: a guess drawn again, its step taken back
+        if token is not None:
+            self.tokens.append(token)
         return len(self.tokens) < self.count
 
     def end(self, error: BaseException | None) -> None:
@@ -117,6 +119,20 @@ def test_every_row_of_a_batch_decodes_the_tokens_it_decodes_alone(model_type, se
     assert [conversation.tokens for conversation in batched] == alone
     assert len({tuple(tokens) for tokens in alone}) == len(alone)  # five different streams
     assert all(conversation.cache.stats().evicted > 0 for conversation in batched)
+
+
+def test_rows_fed_before_the_host_reads_their_tokens_decode_the_tokens_read_first():
+    """The order on a GPU (generation/decoder.py), on the CPU: each row's token is fed as drawn and read after the
+    step; a guess its shortlist could not decide is taken back and drawn again, the others' rows going on."""
+    model = tiny_model("llama")
+    alone = [conversation.alone() for conversation in conversations(model, SAMPLED)]
+    batched = conversations(model, SAMPLED)
+    for conversation in batched:
+        conversation.decoder._reader = _LateReader()
+    engine = Engine(model)
+    run_rounds(engine, batched)
+    assert [conversation.tokens for conversation in batched] == alone
+    assert engine.rows_fed > sum(len(tokens) for tokens in alone)  # guesses were fed, and taken back
 
 
 def test_a_cache_after_a_batch_holds_what_it_holds_decoded_alone_and_owns_its_storage():
