@@ -99,7 +99,6 @@ class ConversationPool:
     index: ConversationIndex = field(default_factory=ConversationIndex)
     conversations: dict[str, HeldConversation] = field(default_factory=dict)
     _free: list[ChatSession] = field(default_factory=list)
-    _made: int = 0
     _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
     _clock: itertools.count = field(default_factory=itertools.count)
     # A new session's generation settings (a request's start from them), set by start().
@@ -109,15 +108,16 @@ class ConversationPool:
     default_system: str | None = None
 
     def start(self) -> None:
-        """Build the first session (the server's settings and system prompt come from it) and file every
+        """Build the sessions (the server's settings and system prompt come from the first), warm up, and file every
         journal already in the sessions directory, so that a request resending one continues it (one that ends
         on a message never answered, a crash mid-reply, is filed with that message: a request that sends it
         again continues the conversation, the message resent taking its place; one that ends on a reply that was
         stopped, as cut short: its client may have read any start of it)."""
         session = self._new_session()
         self._warm_up(session)
-        self._made += 1
-        self._free.append(session)
+        # Every live conversation's session built now (a few milliseconds each, the chat format's checks), not
+        # while the first requests that come together wait for the worker to build them one by one.
+        self._free = [session, *(self._new_session() for _ in range(self.max_live - 1))]
         self.base_settings = session.settings
         self._new_conversation_settings = dict(session.options())
         self.default_system = session.system_prompt
@@ -247,9 +247,6 @@ class ConversationPool:
         while True:
             if self._free:
                 return self._free.pop()
-            if self._made < self.max_live:
-                self._made += 1
-                return self._new_session()
             idle = [c for c in self.conversations.values() if c.session is not None and not c.busy]
             if idle:
                 self.park(min(idle, key=lambda c: c.last_used))
