@@ -46,7 +46,7 @@ from streamchat.conversation.session_options import (
     recall_mode,
 )
 from streamchat.conversation.state import ConversationState, RecalledNote
-from streamchat.conversation.template import ChatFormat, stop_token_ids
+from streamchat.conversation.template import ChatFormat, chat_format_for, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
@@ -97,7 +97,7 @@ class ChatSession:
         self._settled = True
         self._snapshot: RegenPoint | None = None
         self._conversation = 0  # counts resets: a reply abandoned before one must not close after it
-        self._use_format(ChatFormat(tokenizer, system_prompt=options.system_prompt))
+        self._use_format(chat_format_for(tokenizer, options.system_prompt))
 
     # ---- reading the session --------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class ChatSession:
     def set_system_prompt(self, text: str | None) -> Iterator[Event]:
         """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
-        chat_format = ChatFormat(self.tokenizer, system_prompt=text or None)
+        chat_format = chat_format_for(self.tokenizer, text or None)
         recalled = dict(self.recalled)
         feeds = chat_format.conversation_ids(fed_messages(self.transcript, recalled))
         self._use_format(chat_format)
@@ -271,7 +271,7 @@ class ChatSession:
             changes.update(parse_option(name, value))
         settings = self.settings.changed(generation_changes(changes))
         eviction, recall = changes.get("eviction", self.eviction), changes.get("recall", self.recall)
-        chat_format = ChatFormat(self.tokenizer, system_prompt=state.system_prompt)
+        chat_format = chat_format_for(self.tokenizer, state.system_prompt)
         feeds = chat_format.conversation_ids(fed_messages(state.messages, state.recalled))
         self._use_format(chat_format)
         self.settings, self.eviction, self.recall = settings, eviction, recall

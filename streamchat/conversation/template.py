@@ -36,6 +36,7 @@ reason, templates whose turns cannot be cut this way.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -240,6 +241,18 @@ class ChatFormat:
             f"the model's chat template cannot be fed one turn at a time: {reason}. "
             "Use the plain USER:/ASSISTANT: format instead."
         )
+
+
+def chat_format_for(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None) -> ChatFormat:
+    """ChatFormat(tokenizer, system_prompt), built once for each tokenizer, template and system prompt: a format
+    is a value, and building one renders and checks sample turns (milliseconds a server's every new conversation
+    would wait on the worker)."""
+    return _chat_format(tokenizer, system_prompt, repr(tokenizer.chat_template))
+
+
+@functools.lru_cache(maxsize=16)
+def _chat_format(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None, template: str) -> ChatFormat:
+    return ChatFormat(tokenizer, system_prompt=system_prompt)  # `template`: a template set later builds anew
 
 
 def stop_token_ids(

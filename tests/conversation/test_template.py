@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -7,7 +8,7 @@ import pytest
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from streamchat.conversation.kept_prefix import system_turn_length
-from streamchat.conversation.template import ChatFormat, fallback_template, stop_token_ids
+from streamchat.conversation.template import ChatFormat, chat_format_for, fallback_template, stop_token_ids
 from streamchat.errors import ChatTemplateError, UnsupportedModelError
 from tests.support.tokenizers import (
     byte_level_tokenizer,
@@ -305,3 +306,14 @@ def test_every_first_prompt_begins_with_the_system_turn_and_no_further():
     assert chat_format.common_start(turn) == chat_format.prompt_ids("Anything.", first_turn=True)[:turn]
     assert chat_format.common_start(turn + 8) is None  # the user's words
     assert chat_format.common_start(0) is None
+
+
+def test_a_format_is_built_once_for_each_tokenizer_template_and_system_prompt():
+    tokenizer = copy.deepcopy(byte_level_tokenizer())  # its template is changed below
+    first = chat_format_for(tokenizer, SYSTEM)
+    assert chat_format_for(tokenizer, SYSTEM) is first
+    assert chat_format_for(tokenizer, "Other.").system_prompt == "Other."
+    assert chat_format_for(sentencepiece_tokenizer(), SYSTEM) is not first
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    changed = chat_format_for(tokenizer, SYSTEM)
+    assert changed.prompt_ids("Hi.", first_turn=True) != first.prompt_ids("Hi.", first_turn=True)
