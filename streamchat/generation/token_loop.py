@@ -158,11 +158,6 @@ class TokenLoop:
         yield from self._read(reading)
         return reading.logits
 
-    def share_sinks(self, ids: list[int], message: int) -> Generator[Event | Waiting, None, None]:
-        """Into the empty cache, `ids`, the sinks of a first prompt of message `message`, as the conversations
-        sharing the engine that begin with them will copy them (engine/shared_sinks.py): read once, or copied."""
-        yield from self._share_sinks(ids, message)
-
     def replay_progress(self, total: int) -> ReadingProgress:
         """The progress of a replay `total` tokens long, over the tokens it reads (replay_message's)."""
         read = replayed_count(total, self.cache.sinks, self.cache.window)
@@ -177,7 +172,7 @@ class TokenLoop:
         tokens were copied in rather than read (the first message's sinks, where another conversation read them)."""
         skip_to = total - REPLAYED_WINDOWS * self.cache.window
         head, tail = replayed_parts(ids, start, self.cache.sinks, skip_to)
-        logits, shared = yield from self._share_sinks(head, message)
+        logits, shared = yield from self.share_sinks(head, message)
         if shared and (event := progress.advance(shared)) is not None:
             yield event
             yield CacheOccupancy(self.cache.stats(), 0.0)
@@ -195,7 +190,7 @@ class TokenLoop:
         progress = ReadingProgress(len(head) + len(tail), self._chunk)
         logits, shared = None, 0
         if len(head) + len(tail) > self.cache.sinks:  # more to read after the sinks: the logits come from it
-            logits, shared = yield from self._share_sinks(head, message)
+            logits, shared = yield from self.share_sinks(head, message)
         copied = shared if logits is None else 0
         if shared and (event := progress.advance(shared)) is not None:
             yield event
@@ -204,7 +199,7 @@ class TokenLoop:
         yield from self._read(reading)
         return reading.logits, progress.read, copied
 
-    def _share_sinks(
+    def share_sinks(
         self, head: list[int], message: int
     ) -> Generator[Event | Waiting, None, tuple[torch.Tensor | None, int]]:
         """A new conversation's sinks, shared with the others over the engine that begin alike
