@@ -3,7 +3,7 @@
 #
 #     bash scripts/gpu_check.sh
 #
-# No downloads (random-initialised weights); about 6 minutes on one H200.
+# No downloads (random-initialised weights); about 7 minutes on one H200.
 #  1. The CUDA test tier (pytest -m cuda): the sink cache against the paper-style reference on
 #     CUDA with streamchat's attention (SDPA, decode queries packed per KV head), eager and
 #     compiled (CUDA graphs); the compiled decode step's graph reading each KV head once; a
@@ -12,6 +12,9 @@
 #  3. Decode speed of Llama-2-7B shapes in bfloat16 at a full 4+2000 cache: streamchat with
 #     compile off and on, transformers' generate() with a compiled StaticCache, and the
 #     memory-bandwidth limit, in one table (streamchat bench decode).
+#  4. The engine's step with 1 and 8 conversations, Llama-2-7B shapes in bfloat16: decode rows fed
+#     together and prompts read together, against one (scripts/engine_scaling_figures.py): the
+#     serving ratios (8 conversations' throughput, the last first token's wait) without the server.
 #
 # Python packages the machine lacks (streamchat's own dependencies, at the versions
 # pyproject.toml pins) can be put as wheels in .whl/: they are installed into a
@@ -37,3 +40,7 @@ echo "== 2. one decode query's attention over 2005 slots: repeat_kv against pack
 echo "== 3. decode speed, Llama-2-7B shapes, bfloat16, cache 4+2000 full"
 "$PYTHON" -m streamchat bench decode --random-init llama-2-7b --device cuda --dtype bfloat16 --quantize none \
     --window 2000 --full-cache --trials 3 --out "${OUT:-bench-results}/gpu-check"
+
+echo "== 4. the engine's step with 1 and 8 conversations, Llama-2-7B shapes, bfloat16"
+"$PYTHON" scripts/engine_scaling_figures.py --random-init llama-2-7b --device cuda --dtype bfloat16 --quantize none \
+    --rows 1,8 --rounds 3
