@@ -32,35 +32,16 @@ from streamchat import defaults
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.engine.engine import Engine
-from streamchat.engine.work import DecodeRow, Fed
 from streamchat.generation.decoder import Decoder
+from streamchat.generation.engine_steps import EndlessReply
 from streamchat.generation.prompt_reading import Reading
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
+from streamchat.measure.bandwidth import synchronize
 from streamchat.measure.models import ModelChoice
 
 STEPS = 16  # decode steps timed per round
 SINKS = 16  # each cache's sinks: a short system turn's
-
-
-class EndlessReply:
-    """A greedy reply that never ends, as the engine's request (engine/work.py: Request)."""
-
-    def __init__(self, decoder: Decoder) -> None:
-        self.decoder, self.cache = decoder, decoder.cache
-        self.error: BaseException | None = None
-
-    def next_work(self) -> DecodeRow:
-        drawn = self.decoder.draw()
-        self.decoder.checkpoint()
-        return DecodeRow(self.cache, drawn.on_device, drawn.token_id)
-
-    def advance(self, fed: Fed) -> bool:
-        self.decoder.fed(fed.logits)
-        return True
-
-    def end(self, error: BaseException | None) -> None:
-        self.error = error
 
 
 def random_ids(count: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -113,11 +94,6 @@ def prompts_ms(model: Any, prompts: int, length: int, window: int, seed: int) ->
         engine.step()
     synchronize(device)
     return (time.perf_counter() - started) * 1e3
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:

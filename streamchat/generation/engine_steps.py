@@ -7,6 +7,7 @@
     yield from steps.run(reading)  # a text to read (generation/prompt_reading.py: Reading), the same way
     copied = yield from steps.copy_sinks(cache, ids, label)  # a new conversation's sinks, where another read them
     step = engine_step(model, decoder)  # a benchmark's: each call, the next token of an endless reply
+    engine.submit(EndlessReply(decoder))  # a benchmark's reply that never ends, beside others in one engine
     # whoever drives the conversations (the server's worker), each round:
     engine.step()                  # then each request's events: request.said()
 
@@ -110,7 +111,7 @@ class Waiting:
     request: DecodingReply | Reading | None = None
 
 
-class _Endless:
+class EndlessReply:
     """A reply decoding in the engine that never ends and says nothing but its tokens: a benchmark's steps."""
 
     def __init__(self, decoder: Decoder) -> None:
@@ -141,7 +142,7 @@ class Decoded:
 def engine_step(model: Any, decoder: Decoder, compile_backend: str | None = None) -> Callable[[], Decoded]:
     """Each call, the next token of `decoder`'s reply, decoding alone in an engine of its own as the chat's does
     (its text aside; with `compile_backend`, its step compiled): for a benchmark to time, a test to read."""
-    engine, reply = Engine(model, compile_backend=compile_backend), _Endless(decoder)
+    engine, reply = Engine(model, compile_backend=compile_backend), EndlessReply(decoder)
     engine.submit(reply)
 
     def step() -> Decoded:
