@@ -65,7 +65,7 @@ def default_model(loaded_default_model):
 
 @pytest.fixture(scope="session")
 def loaded_default_model(tmp_path_factory: pytest.TempPathFactory):
-    """The real default model (SmolLM2-135M-Instruct), converted once per test session."""
+    """The real default model (SmolLM2-135M-Instruct), loaded once per test session."""
     import importlib.util
 
     from streamchat import defaults

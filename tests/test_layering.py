@@ -1,6 +1,6 @@
 """The house's floors, read from the imports: no module imports from a floor above its own.
 
-cache < placement < loading < engine < generation < conversation < storage < distributed < interface
+cache < placement < weights < loading < engine < generation < conversation < storage < distributed < interface
 < sessions < measure < app, bench, serve < cli < __main__. The app, the
 bench and the server share a floor and import nothing from each other; the cache imports only torch,
 transformers and streamchat.errors.
@@ -20,6 +20,7 @@ FLOORS = [
     {"__init__", "defaults", "errors"},
     {"cache"},
     {"placement"},
+    {"weights"},
     {"loading"},
     {"engine"},
     {"generation"},

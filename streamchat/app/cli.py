@@ -17,7 +17,14 @@ from rich.text import Text
 
 from streamchat import defaults
 from streamchat.app.launch import announce_load, load, run_chat
-from streamchat.app.listings import catalog_record, model_summary, models_table, session_record, sessions_table
+from streamchat.app.listings import (
+    cache_note,
+    catalog_record,
+    model_summary,
+    models_table,
+    session_record,
+    sessions_table,
+)
 from streamchat.app.resuming import with_saved_layout
 from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
 from streamchat.interface.config import chosen_options, config_file_location, load_options, load_run_config
@@ -43,6 +50,7 @@ from streamchat.interface.safe_text import safe_text
 from streamchat.interface.tables import print_table
 from streamchat.interface.transcript import OUTPUT_FORMATS, TRANSCRIPT_FORMATS, TURN_SPLITS
 from streamchat.loading.catalog import model_catalog
+from streamchat.loading.conversion import cache_root, cached_model_bytes
 from streamchat.sessions.keeping import data_dir
 from streamchat.storage.session_file import list_sessions
 
@@ -67,6 +75,9 @@ def models(as_json: JsonOption = False) -> None:
         typer.echo(json.dumps([catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
     else:
         print_table(stdout, models_table(entries))
+        note = cache_note(cache_root(), cached_model_bytes())
+        if note is not None:
+            stderr.print(note)
 
 
 def sessions(as_json: JsonOption = False) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
 from rich.text import Text
 
@@ -39,6 +41,19 @@ def catalog_record(entry: CatalogEntry) -> dict[str, object]:
     }
 
 
+def cache_note(root: Path, held: dict[str, int]) -> Text | None:
+    """Where streamchat keeps what it made of the models, and that deleting it is safe; None when it holds none."""
+    if not held:
+        return None
+    what = {"packed": "packed weights", "converted": "GGUF tokenizers and configs"}
+    parts = ", ".join(f"{_size(size)} of {what[name]}" for name, size in sorted(held.items(), reverse=True))
+    return Text(f"streamchat's cache {root} holds {parts}; deleting it is safe: the next start makes them again")
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
+
+
 def sessions_table(summaries: list[SessionSummary]) -> Table:
     table = Table(box=None, pad_edge=False)
     for header in ("when", "model", "turns", "first message", "file"):
@@ -73,7 +88,11 @@ def _preview(message: str) -> str:
 
 def _availability(entry: CatalogEntry) -> str:
     if entry.source.kind == "gguf":
-        return "yes, packaged GGUF (converts once on first use)" if entry.needs_conversion else "yes, packaged GGUF"
+        return (
+            "yes, packaged GGUF (reads its tokenizer once on first use)"
+            if entry.needs_conversion
+            else "yes, packaged GGUF"
+        )
     return "yes, in the Hugging Face cache" if entry.offline else "no"
 
 
@@ -93,6 +112,8 @@ def model_summary(loaded: LoadedModel) -> Table:
     }
     if loaded.source.kind != "directory":
         rows["files"] = str(loaded.directory)
+    if loaded.packed_copy is not None:
+        rows["packed copy"] = str(loaded.packed_copy)
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -104,7 +125,8 @@ def model_summary(loaded: LoadedModel) -> Table:
 def _describe_quantization(loaded: LoadedModel) -> str:
     if loaded.quantization == "none":
         return "none"
-    return f"{loaded.quantization} weights (quantized in {loaded.quantize_seconds:.2f} s)"
+    how = "read from the packed copy" if loaded.weights_from == "packed copy" else "quantized"
+    return f"{loaded.quantization} weights ({how} in {loaded.quantize_seconds:.2f} s)"
 
 
 def _describe_source(source: ModelSource) -> str:

@@ -31,6 +31,12 @@ ALIASES: dict[str, str] = {
 PACKAGED_GGUFS: dict[str, tuple[str, str]] = {
     defaults.DEFAULT_MODEL: (defaults.DEFAULT_MODEL_PACKAGE, defaults.DEFAULT_MODEL_GGUF),
 }
+# alias -> the sampling its model card recommends, where the model's own generation config says none:
+# SmolLM2's card samples at temperature 0.2, top_p 0.9 (at the 0.7 default the 135M model often answers
+# "What is the capital of France?" in made-up French).
+CARD_SAMPLING: dict[str, dict[str, float]] = {
+    defaults.DEFAULT_MODEL: {"temperature": 0.2, "top_p": 0.9},
+}
 # Those packages' names for pip, where they differ from the name they are imported by.
 _DISTRIBUTIONS = {defaults.DEFAULT_MODEL_PACKAGE: defaults.DEFAULT_MODEL_DISTRIBUTION}
 

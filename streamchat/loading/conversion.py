@@ -1,19 +1,23 @@
-"""Converting a GGUF file once into a transformers model directory that later starts load directly.
+"""A GGUF file's config and tokenizer, written once as the small files of a transformers model directory.
 
-transformers reads GGUF by dequantizing every tensor and rebuilding the tokenizer from
-metadata, which takes 30-45 s for the default model on every load. The converted copy
-(safetensors weights, config, generation config, tokenizer, chat template) loads in a
-second or two.
+transformers rebuilds a GGUF's tokenizer from its metadata, which takes seconds for a large
+vocabulary; the entry written here (config, generation config, tokenizer, chat template: a
+few megabytes, no weights) loads at once. The weights are read from the GGUF itself at every
+start, a tensor at a time (weights/gguf_source.py), or from their packed copy (packed_dir()).
 
 Layout under cache_root():
 
-    converted/<file stem>-<hash of its absolute path>/<size>-<mtime_ns>-transformers-<version>/
+    converted/<file stem>-<hash of its absolute path>/<size>-<mtime_ns>-transformers-<version>-<ENTRY_FORMAT>/
+    packed/...   the packed copies (weights/packed_copy.py)
 
 The entry is named after the source file's fingerprint, so a file that is replaced or
 edited (new size or modification time) gets a new entry, and so does a new transformers
 release, whose GGUF converter may have changed. A content hash would also notice a rewrite
 that keeps size and mtime, but it would read the whole file on every start to guard against
 something no download or editor does.
+
+Entries of an older ENTRY_FORMAT (up to 0.1.0: a whole float32 copy of the weights) are never
+read, and the first conversion of the same file sweeps them away.
 
 An entry appears complete or not at all: it is written into a temporary sibling directory
 and renamed into place, which is atomic on one file system.
@@ -41,6 +45,8 @@ from streamchat.loading.integrity import ensure_complete_gguf
 Notify = Callable[[str], None]
 
 _PARTIAL_PREFIX = ".partial-"
+# What an entry holds: "meta", the config and tokenizer only (older entries held float32 weights).
+ENTRY_FORMAT = "meta"
 # A partial entry untouched for this long belongs to a conversion that was killed outright.
 _ABANDONED_AFTER_S = 24 * 3600
 
@@ -56,12 +62,29 @@ def kernels_dir() -> Path:
     return cache_root() / "kernels"
 
 
+def packed_dir() -> Path:
+    """Where the packed copies of quantized models live (weights/packed_copy.py)."""
+    return cache_root() / "packed"
+
+
+def cached_model_bytes() -> dict[str, int]:
+    """What streamchat's cache holds for models, in bytes: GGUF tokenizers and configs ("converted") and packed
+    weights ("packed"), where there are any."""
+    held = {name: _bytes_under(cache_root() / name) for name in ("converted", "packed")}
+    return {name: size for name, size in held.items() if size}
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else 0
+
+
 def conversion_dir(gguf: Path) -> Path:
     """Where the converted copy of `gguf` lives; it exists once a conversion has finished."""
     source = gguf.resolve()
     stat = source.stat()
     path_digest = hashlib.sha256(str(source).encode()).hexdigest()[:12]
-    fingerprint = f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{importlib.metadata.version('transformers')}"
+    transformers = importlib.metadata.version("transformers")
+    fingerprint = f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{transformers}-{ENTRY_FORMAT}"
     return cache_root() / "converted" / f"{source.stem}-{path_digest}" / fingerprint
 
 
@@ -75,10 +98,7 @@ def convert_gguf(gguf: Path, name: str, notify: Notify) -> Path:
     read_supported_config(gguf.parent, name, gguf_file=gguf.name)
     partial = _make_partial(entry)
     try:
-        notify(
-            f"Converting {gguf.name} to a transformers model. This happens once and takes about "
-            f"30-45 s for a small model; later starts load the copy in {entry.parent}."
-        )
+        notify(f"Reading {gguf.name}'s tokenizer and config once, into {entry.parent}.")
         _write_conversion(gguf, name, partial)
         _publish(partial, entry)
     finally:
@@ -102,20 +122,18 @@ def _make_partial(entry: Path) -> Path:
 
 
 def _write_conversion(gguf: Path, name: str, destination: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     with model_errors(name):
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # transformers marks a model read from GGUF as quantized and refuses to save it, although
-    # its weights are already dequantized; dropping that mark is all saving needs.
-    model.hf_quantizer.remove_quantization_config(model)
     try:
-        model.save_pretrained(destination)  # safetensors, config and generation config
+        config.save_pretrained(destination)
+        GenerationConfig.from_model_config(config).save_pretrained(destination)
         tokenizer.save_pretrained(destination)
     except OSError as error:
         raise StreamchatError(
-            f"cannot write the converted model to {destination.parent}: {error.strerror or error}; "
+            f"cannot write {gguf.name}'s tokenizer and config to {destination.parent}: {error.strerror or error}; "
             f"free some space or point {defaults.CACHE_DIR_ENV} elsewhere"
         ) from error
 

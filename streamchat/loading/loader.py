@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat import defaults
-from streamchat.loading.aliases import offline_install
+from streamchat.loading.aliases import CARD_SAMPLING, offline_install
 from streamchat.loading.configs import read_supported_config
-from streamchat.loading.conversion import Notify, convert_gguf, kernels_dir
+from streamchat.loading.conversion import Notify, convert_gguf, kernels_dir, packed_dir
 from streamchat.loading.failures import model_errors
 from streamchat.loading.hub import download_model
-from streamchat.loading.integrity import ensure_intact_weights
+from streamchat.loading.integrity import ensure_complete_gguf, ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
-from streamchat.loading.weights import ensure_loadable_weights
+from streamchat.loading.weights import SAFETENSORS_WEIGHTS, ensure_loadable_weights
 from streamchat.placement.device import Placement, detect_accelerators, plan_placement
 from streamchat.placement.quantization import QuantizationPlan, plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from streamchat.placement.native import NativeKernels
+    from streamchat.weights.streamed import Streamed
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,13 @@ class LoadedModel:
     max_context: int | None
     parameters: int
     load_seconds: float
-    # Of load_seconds, the time quantizing took (done at every start, not cached).
+    # Of load_seconds, the time the weights took: read, converted and quantized, or read from the packed copy.
     quantize_seconds: float = 0.0
+    # How the weights were read: "files" (a tensor at a time), "packed copy" (a later start of a quantized
+    # model) or "transformers" (its own loader: --tp, --device-map auto, renamed or pickled checkpoints).
+    weights_from: str = "files"
+    # The packed copy of a model quantized on the CPU: written at its first start, read at later ones.
+    packed_copy: Path | None = None
     # streamchat's own CPU kernels this model runs through (placement/native.py), if any.
     native: NativeKernels | None = None
 
@@ -107,18 +113,30 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     if options.tp_size > 1:
         ensure_tensor_parallel_plan(config, source.name)
         ensure_heads_split(config, options.tp_size, source.name)
-    ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
-    ensure_intact_weights(directory, remedy=_damaged_weights_remedy(source, directory))
-    model, tokenizer = _load_pretrained(directory, config, placement, options, source.name)
-    parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
+    gguf = source.path if source.kind == "gguf" else None
+    if gguf is None:
+        ensure_loadable_weights(directory, source.name, allow_pickle=options.allow_pickle)
+        ensure_intact_weights(directory, remedy="delete it and download the model again")
+    else:
+        ensure_complete_gguf(gguf)
     native = native_kernels(placement.device, placement.dtype, quantization)  # built once per machine
-    quantizing = time.perf_counter()
-    if options.tp_size == 1:
-        from streamchat.placement.fusion import fuse_projections  # imports torch: only once a model loads
+    whole = options.tp_size == 1 and placement.device_map != "auto"  # the model on one device
+    if whole:
+        from streamchat.weights.footprint import available_device_memory, ensure_fits, model_footprint  # torch
 
-        fuse_projections(model)  # before quantizing: the fused layers are quantized whole
-    quantize_model(model, quantization, native)
-    quantize_seconds = time.perf_counter() - quantizing
+        # Before any weight is read: a model that cannot fit is refused in a line, not killed mid-load.
+        footprint = model_footprint(config, placement.dtype, quantization.method, defaults.WINDOW, native is not None)
+        ensure_fits(source.name, footprint, available_device_memory(placement.device))
+    loading = time.perf_counter()
+    weights = None
+    if whole and (gguf is not None or _has_safetensors(directory)):
+        weights = _streamed(directory, gguf, config, placement, quantization, native, options, source.name)
+    if weights is None:  # sharded, spread, pickled, or named otherwise than the model: transformers' own loader
+        weights = _load_pretrained(directory, config, placement, quantization, native, options, source.name)
+    quantize_seconds = time.perf_counter() - loading
+    tokenizer = _load_tokenizer(directory, options, source.name)
+    model = weights.model
+    _card_sampling(model, source)
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(
         model=model,
@@ -130,9 +148,11 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         dtype=model.dtype,
         quantization=quantization.method,
         max_context=getattr(text_config, "max_position_embeddings", None),
-        parameters=parameters,
+        parameters=weights.parameters,
         load_seconds=time.perf_counter() - started,
         quantize_seconds=quantize_seconds,
+        weights_from=weights.read_from,
+        packed_copy=weights.packed_copy,
         native=native,
     )
 
@@ -158,11 +178,19 @@ def check_shardable(options: LoadOptions, notify: Notify = _ignore) -> None:
     ensure_heads_split(config, options.tp_size, source.name)
 
 
-def _damaged_weights_remedy(source: ModelSource, directory: Path) -> str:
-    """What to do about a damaged weight file in `directory`."""
-    if source.kind == "gguf":
-        return f"delete {directory} so that {source.name} is converted again"
-    return "delete it and download the model again"
+def _card_sampling(model: PreTrainedModel, source: ModelSource) -> None:
+    """Give an alias's model the sampling its card recommends where its generation config sets none."""
+    recommended = CARD_SAMPLING.get(source.name.lower())
+    config = getattr(model, "generation_config", None)
+    if recommended is None or config is None or config.do_sample is False:
+        return
+    for name, value in recommended.items():
+        if getattr(config, name, None) is None:
+            setattr(config, name, value)
+
+
+def _has_safetensors(directory: Path) -> bool:
+    return any(directory.glob(SAFETENSORS_WEIGHTS))
 
 
 def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) -> Path:
@@ -178,11 +206,48 @@ def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) 
     return source.path
 
 
-def _load_pretrained(
-    directory: Path, config: PreTrainedConfig, placement: Placement, options: LoadOptions, name: str
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _streamed(
+    directory: Path,
+    gguf: Path | None,
+    config: PreTrainedConfig,
+    placement: Placement,
+    quantization: QuantizationPlan,
+    native: NativeKernels | None,
+    options: LoadOptions,
+    name: str,
+) -> Streamed | None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from streamchat.weights.streamed import load_streamed  # imports torch: only once a model loads
+
+    with model_errors(name):
+        return load_streamed(
+            directory=directory,
+            gguf=gguf,
+            config=config,
+            dtype=getattr(torch, placement.dtype),
+            device=torch.device(placement.device),
+            plan=quantization,
+            native=native,
+            attention=attention_implementation(config),
+            packed_root=packed_dir(),
+            trust_remote_code=options.trust_remote_code,
+        )
+
+
+def _load_pretrained(
+    directory: Path,
+    config: PreTrainedConfig,
+    placement: Placement,
+    quantization: QuantizationPlan,
+    native: NativeKernels | None,
+    options: LoadOptions,
+    name: str,
+) -> Streamed:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from streamchat.weights.streamed import Streamed
 
     if options.tp_size > 1:
         from transformers import DistributedConfig
@@ -202,8 +267,20 @@ def _load_pretrained(
             use_safetensors=None if options.allow_pickle else True,
             trust_remote_code=options.trust_remote_code,
         )
-        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
-    return model, tokenizer
+    parameters = model.num_parameters()  # counted before int8 layers turn weights into buffers
+    if options.tp_size == 1:
+        from streamchat.placement.fusion import fuse_projections  # imports torch: only once a model loads
+
+        fuse_projections(model)  # before quantizing: the fused layers are quantized whole
+    quantize_model(model, quantization, native)
+    return Streamed(model, parameters, "transformers", None)
+
+
+def _load_tokenizer(directory: Path, options: LoadOptions, name: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    with model_errors(name), _quiet_transformers():
+        return AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
 
 
 def native_kernels(device: str, dtype: str, quantization: QuantizationPlan) -> NativeKernels | None:

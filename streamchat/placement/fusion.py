@@ -29,6 +29,7 @@ import torch
 FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
+FUSED_PARTS = {"qkv_proj": QKV, "gate_up_proj": GATE_UP}
 
 
 class FusedProjection(torch.nn.Module):
@@ -98,6 +99,17 @@ def fuse_projections(model: torch.nn.Module) -> int:
     for layer in _layers(model):
         count += _fuse(layer.self_attn, "qkv_proj", QKV) + _fuse(layer.mlp, "gate_up_proj", GATE_UP)
     return count
+
+
+def unfused_names(name: str) -> list[str]:
+    """The checkpoint's names for the model's tensor `name`: the parts' where it is a fused layer's,
+    "model.layers.0.self_attn.qkv_proj.linear.weight" -> [..."q_proj.weight", ..."k_proj.weight", ..."v_proj.weight"],
+    else `name` itself."""
+    parent, _, rest = name.rpartition(".linear.")
+    owner, _, fused_name = parent.rpartition(".")
+    if not rest or fused_name not in FUSED_PARTS:
+        return [name]
+    return [f"{owner}.{part}.{rest}" for part in FUSED_PARTS[fused_name]]
 
 
 def _fuse(parent: torch.nn.Module, fused_name: str, names: tuple[str, ...]) -> int:

@@ -65,14 +65,57 @@ def packed_layout() -> PackedLayout | None:
     return next(readable, None)
 
 
-def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`weight` [out, in] as (q int32 [out, in], step [out, groups], minimum [out, groups]), float32 params."""
+class Int4Grid(NamedTuple):
+    """Weights on a 4-bit grid, each group of GROUP_SIZE inputs of an output row with its own step and minimum:
+    w = levels * step + minimum. GGUF's Q4_1 blocks are such groups; Q4_0's are too, with minimum = -8 * step."""
+
+    levels: torch.Tensor  # [out, in], integers 0..15
+    step: torch.Tensor  # [out, in / GROUP_SIZE]
+    minimum: torch.Tensor  # [out, in / GROUP_SIZE]
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """W [out, in] in `dtype`, computed in float32 (a product and a sum, each rounded once)."""
+        out_features, in_features = self.levels.shape
+        groups = self.levels.view(out_features, -1, GROUP_SIZE).float()  # [out, groups, 32]
+        weight = groups * self.step.float()[..., None] + self.minimum.float()[..., None]
+        return weight.view(out_features, in_features).to(dtype)
+
+
+def quantize_groups(weight: torch.Tensor) -> Int4Grid:
+    """`weight` [out, in] on the grid that fits each group best: levels int32, float32 steps and minimums."""
     out_features, in_features = weight.shape
     groups = weight.float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)  # [out, groups, 32]
     minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)
     step = ((maximum - minimum) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
     q = torch.round((groups - minimum[..., None]) / step[..., None]).clamp(0, LEVELS)
-    return q.reshape(out_features, in_features).to(torch.int32), step, minimum
+    return Int4Grid(q.reshape(out_features, in_features).to(torch.int32), step, minimum)
+
+
+class GridLinear(torch.nn.Linear):
+    """A linear layer whose weights lie on a 4-bit grid (a GGUF's Q4_0 or Q4_1 blocks, read as they are), on its
+    way to an int4 layer, which takes the grid itself (int4_grid): the weights are not rounded a second time.
+
+    Its weight stays on the meta device: a layer no int4 kernel takes is made values with as_values().
+    """
+
+    def __init__(self, grid: Int4Grid, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        out_features, in_features = grid.levels.shape
+        super().__init__(in_features, out_features, bias=bias is not None, device="meta", dtype=dtype)
+        if bias is not None:
+            self.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
+        self.grid = grid
+
+    def as_values(self) -> torch.nn.Linear:
+        """The same layer with its weights as values in its dtype."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = torch.nn.Parameter(self.grid.dense(self.weight.dtype), requires_grad=False)
+        linear.bias = self.bias
+        return linear
+
+
+def int4_grid(linear: torch.nn.Linear) -> Int4Grid:
+    """The grid `linear`'s weights are quantized on: its own where it has one, else the best-fitting one."""
+    return linear.grid if isinstance(linear, GridLinear) else quantize_groups(linear.weight.detach())
 
 
 class Int4Linear(PackedLinear):
@@ -86,8 +129,9 @@ class Int4Linear(PackedLinear):
         if layout is None:  # built only where fits_int4_kernel() said the layout is one this layer reads
             raise RuntimeError("this torch packs int4 weights in a layout Int4Linear cannot read")
         self.layout = layout
-        q, step, minimum = quantize_groups(linear.weight.detach())
-        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        q, step, minimum = int4_grid(linear)
+        step, minimum = step.float(), minimum.float()
+        self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
         # [groups, out, 2]: (step, minimum + 8 * step) per group and output row, as the kernel reads them.
         pairs = torch.stack([step, minimum + 8 * step], dim=-1).transpose(0, 1)
         self.register_buffer("scales_and_zeros", pairs.contiguous().to(linear.weight.dtype))

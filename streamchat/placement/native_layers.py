@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from streamchat.placement.int4_linear import GROUP_SIZE, quantize_groups
+from streamchat.placement.int4_linear import GROUP_SIZE, Int4Grid, int4_grid, quantize_groups
 from streamchat.placement.int8_linear import quantize_rows
 from streamchat.placement.native import TILE, NativeKernels
 from streamchat.placement.packed_linear import PackedLinear
@@ -67,10 +67,11 @@ def fits_native_int4(linear: torch.nn.Linear) -> bool:
     return linear.in_features % GROUP_SIZE == 0 and linear.out_features % TILE == 0
 
 
-def pack_tiles(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`weight` [out, in] quantized as Int4Linear quantizes it, in the kernel's layout (int4_rows.c):
-    nibbles uint8 [out / 16, in / 32, 256] and float16 params [out / 16, in / 32, 2, 16] (steps, minimums)."""
-    levels, step, minimum = quantize_groups(weight)
+def pack_tiles(weight: torch.Tensor | Int4Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` [out, in], quantized as Int4Linear quantizes it unless it is a grid already, in the kernel's
+    layout (int4_rows.c): nibbles uint8 [out / 16, in / 32, 256] and float16 params [out / 16, in / 32, 2, 16]
+    (steps, minimums)."""
+    levels, step, minimum = weight if isinstance(weight, Int4Grid) else quantize_groups(weight)
     out_features, in_features = levels.shape
     tiles, groups = out_features // TILE, in_features // GROUP_SIZE
     # [out, in] -> [tiles, output, groups, pair p, nibble, input j] -> [tiles, groups, p, output, j, nibble]
@@ -112,7 +113,7 @@ class TiledInt4Linear(PackedLinear):
     def __init__(self, linear: torch.nn.Linear, kernels: NativeKernels) -> None:
         super().__init__(linear)
         self.kernels = kernels
-        nibbles, params = pack_tiles(linear.weight.detach())
+        nibbles, params = pack_tiles(int4_grid(linear))
         self.register_buffer("nibbles", nibbles)
         self.register_buffer("params", params)
 

@@ -125,36 +125,53 @@ def _check_cuda_int4(dtype: str, accelerators: Accelerators) -> None:
 # ---- carrying a plan out ----------------------------------------------------------------------
 
 
-def quantize_model(model: torch.nn.Module, plan: QuantizationPlan, native: NativeKernels | None = None) -> int:
+def quantize_model(
+    model: torch.nn.Module,
+    plan: QuantizationPlan,
+    native: NativeKernels | None = None,
+    within: torch.nn.Module | None = None,
+) -> int:
     """Quantize `model`'s linear layers in place as `plan` says; return how many layers were quantized.
 
-    A layer whose shape the scheme's kernel cannot take stays as it is. int4 layers on a CPU go
-    through streamchat's own kernel where there is one (`native`, placement/native_layers.py), else
-    through aten's.
+    `within`: only the layers inside that module of `model` (a decoder layer just filled, while the rest of
+    the model is still being read). A layer whose shape the scheme's kernel cannot take stays as it is, and
+    so does one quantized already. int4 layers on a CPU go through streamchat's own kernel where there is
+    one (`native`, placement/native_layers.py), else through aten's.
     """
     if plan.method == "none":
         return 0
     import torch
 
     head = model.get_output_embeddings()
+    scope = model if within is None else within
     count = 0
     if plan.layers is not None:
         chosen = lambda module: isinstance(module, torch.nn.Linear) and module is not head  # noqa: E731
-        count += _apply(model, plan.layers, chosen, native)
+        count += _apply(model, scope, plan.layers, chosen, native)
     if plan.head is not None and isinstance(head, torch.nn.Linear):
-        count += _apply(model, plan.head, lambda module: module is head, native)
+        count += _apply(model, scope, plan.head, lambda module: module is head, native)
     return count
 
 
+def quantizes_while_loading(plan: QuantizationPlan) -> bool:
+    """Whether `plan` quantizes each layer as soon as its weights are read (streamchat's CPU layers), rather
+    than the whole model once it sits on its device (torchao's, on CUDA)."""
+    return plan.layers in (None, "int8-aten", "int4-aten") and plan.head in (None, "int8-aten")
+
+
 def _apply(
-    model: torch.nn.Module, scheme: Scheme, chosen: Callable[[torch.nn.Module], bool], native: NativeKernels | None
+    model: torch.nn.Module,
+    scope: torch.nn.Module,
+    scheme: Scheme,
+    chosen: Callable[[torch.nn.Module], bool],
+    native: NativeKernels | None,
 ) -> int:
     if scheme in ("int8-aten", "int4-aten"):
-        return _replace_linear_layers(model, _layer_maker(scheme, native), chosen)
+        return _replace_linear_layers(model, scope, _layer_maker(scheme, native), chosen)
     torchao = _import_torchao(scheme)
     if scheme == "int8-torchao":
         config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
-        return _torchao_quantize(torchao, model, config, chosen)
+        return _torchao_quantize(torchao, scope, config, chosen)
     count = 0
     for size in CUDA_INT4_GROUP_SIZES:
         config = torchao.quantization.Int4WeightOnlyConfig(
@@ -164,7 +181,7 @@ def _apply(
         def in_this_group(module: torch.nn.Module, size: int = size) -> bool:
             return chosen(module) and _cuda_int4_group_size(module) == size
 
-        count += _torchao_quantize(torchao, model, config, in_this_group)
+        count += _torchao_quantize(torchao, scope, config, in_this_group)
     return count
 
 
@@ -215,13 +232,13 @@ def _int8_head_maker(native: NativeKernels | None) -> Callable[[torch.nn.Linear]
 
 
 def _replace_linear_layers(
-    model: torch.nn.Module, maker: _LayerMaker, chosen: Callable[[torch.nn.Module], bool]
+    model: torch.nn.Module, scope: torch.nn.Module, maker: _LayerMaker, chosen: Callable[[torch.nn.Module], bool]
 ) -> int:
-    """Replace the chosen linear layers `maker` takes with the quantized layers it makes."""
+    """Replace the chosen linear layers within `scope` that `maker` takes with the quantized layers it makes."""
     # Collected first: replacing children while walking the module tree would skip some.
     targets = [
         (parent, name, child)
-        for parent in model.modules()
+        for parent in scope.modules()
         for name, child in parent.named_children()
         if chosen(child) and maker.fits(child)
     ]

@@ -179,14 +179,14 @@ def test_control_sequences_in_a_reply_reach_the_screen_as_dimmed_markers(scripte
 
 
 def test_keys_typed_while_the_model_loads_reach_the_first_prompt_whole_and_unechoed(tmp_path):
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # converted on first use: a load that takes a while
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")  # its tokenizer read on first use: a load that takes a while
     env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", "STREAMCHAT_DATA_DIR": str(tmp_path)}
     arguments = ["-m", "streamchat", "run", "--model", str(gguf), "--max-new-tokens", "3"]
     child = pexpect.spawn(
         sys.executable, arguments, env=env, dimensions=(30, 110), timeout=HANG_GUARD_SECONDS, encoding="utf-8"
     )
     child.expect_exact(f"loading {gguf} ...")  # on the screen before the model loads
-    child.expect_exact("Converting")
+    child.expect_exact("tokenizer and config once")
     # A paste longer than the 4095 characters a canonical-mode terminal keeps of an unfinished line.
     pasted = "x" * 4200 + " the end"
     child.send("//" + pasted)  # "//" sends it as a message starting with "/"

@@ -22,9 +22,9 @@ from streamchat import __version__, defaults
 from streamchat.cache.architectures import supported_list
 from streamchat.cli import app
 from streamchat.loading.aliases import ALIASES
-from streamchat.loading.conversion import conversion_dir, convert_gguf
+from streamchat.loading.conversion import conversion_dir
 from streamchat.placement.device import detect_accelerators
-from tests.support.gguf_files import write_tiny_gguf
+from tests.support.gguf_files import save_model_directory, write_tiny_gguf
 from tests.support.processes import in_foreground
 from tests.support.waiting import HANG_GUARD_SECONDS
 
@@ -87,7 +87,7 @@ def test_models_lists_every_alias_and_what_works_offline(packaged_default: Path)
     assert list(rows) == list(ALIASES)
     default_row = rows[defaults.DEFAULT_MODEL].split()
     assert default_row[1:3] == ["(default)", str(packaged_default.resolve())]
-    assert " ".join(default_row[3:]) == "yes, packaged GGUF (converts once on first use)"
+    assert " ".join(default_row[3:]) == "yes, packaged GGUF (reads its tokenizer once on first use)"
     assert rows["llama-2-7b-chat"].split() == ["llama-2-7b-chat", "meta-llama/Llama-2-7b-chat-hf", "no"]
 
 
@@ -119,7 +119,7 @@ def test_models_json_is_for_scripts(packaged_default: Path):
 def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Path):
     first = streamchat("info")
     assert first.returncode == 0, first.stderr
-    assert first.stderr.startswith(f"Converting {defaults.DEFAULT_MODEL_GGUF} to a transformers model.")
+    assert first.stderr.startswith(f"Reading {defaults.DEFAULT_MODEL_GGUF}'s tokenizer and config once, into ")
     rows = [line.rstrip() for line in first.stdout.splitlines()]
     # The CPU defaults: bfloat16 with int4 weights where the CPU has bf16 natively, else float32 unquantized.
     native_bf16 = detect_accelerators().cpu_bf16
@@ -142,13 +142,19 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
         assert rows[6] == "quantization   none"
     assert rows[9].startswith("load time      ") and rows[9].endswith(" s")
     converted = Path(rows[10].removeprefix("files").strip())
-    assert (converted / "model.safetensors").is_file()
+    assert (converted / "tokenizer.json").is_file()
+    assert not (converted / "model.safetensors").exists()  # the weights are read from the GGUF itself
 
     second = streamchat("info")
     assert second.returncode == 0
-    assert "Converting" not in second.stderr
+    assert "Reading" not in second.stderr
     assert second.stdout.splitlines()[10] == first.stdout.splitlines()[10]
-    models = streamchat("models").stdout.splitlines()
+    listed = streamchat("models")
+    models = listed.stdout.splitlines()
+    assert listed.stderr.startswith("streamchat's cache ")
+    assert listed.stderr.rstrip().endswith(
+        " MB of GGUF tokenizers and configs; deleting it is safe: the next start makes them again"
+    )
     default_row = next(line for line in models if line.startswith(defaults.DEFAULT_MODEL))
     assert default_row.rstrip().endswith(f"{packaged_default.resolve()}  yes, packaged GGUF")
 
@@ -182,8 +188,7 @@ def unsupported_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def too_large_dir(tmp_path: Path) -> Path:
     """A model whose ten-billion-token embedding (1.3 TB) cannot be allocated."""
-    converted = convert_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), "tiny", print)
-    directory = shutil.copytree(converted, tmp_path / "huge")
+    directory = save_model_directory(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "huge")
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "vocab_size": 10_000_000_000}))
     save_file({"model.norm.weight": torch.ones(config["hidden_size"])}, directory / "model.safetensors")
@@ -258,14 +263,14 @@ def test_an_unsupported_architecture_names_the_supported_ones(unsupported_dir: P
     assert result.stderr.count("\n") == 1
 
 
-def test_out_of_memory_suggests_a_smaller_dtype(too_large_dir: Path):
+def test_a_model_too_large_for_memory_is_refused_before_loading(too_large_dir: Path):
     result = streamchat("info", "-m", str(too_large_dir))
-    assert result.returncode == 6
-    # transformers reports the missing weights first; the last line is ours.
-    assert result.stderr.splitlines()[-1] == (
-        f"error: out of memory while loading {too_large_dir}; try --dtype bfloat16 or float16, or a smaller model"
+    assert (result.returncode, result.stdout) == (6, "")
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {too_large_dir} needs about ")
+    assert line.endswith(
+        " of memory is available; close other programs, pick a smaller model or --quantize int4, or shrink --window"
     )
-    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -353,7 +358,7 @@ def test_ctrl_c_during_conversion_exits_130_and_leaves_no_half_cache(packaged_de
     command = in_foreground([*STREAMCHAT, "info"])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     notice = process.stderr.readline()
-    assert notice.startswith("Converting"), notice
+    assert notice.startswith("Reading"), notice
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=HANG_GUARD_SECONDS)
 

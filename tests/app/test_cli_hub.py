@@ -16,8 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from streamchat.loading.conversion import convert_gguf
-from tests.support.gguf_files import write_tiny_gguf
+from tests.support.gguf_files import save_model_directory, write_tiny_gguf
 from tests.support.waiting import HANG_GUARD_SECONDS
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -97,11 +96,9 @@ class FakeHub:
 
 @pytest.fixture(scope="module")
 def tiny_model_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    """The files of a tiny chat model repository, the tiny GGUF converted once for this module."""
+    """The files of a tiny chat model repository: the tiny GGUF as transformers reads it, saved once for this module."""
     root = tmp_path_factory.mktemp("repository")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("STREAMCHAT_CACHE_DIR", str(root / "cache"))
-        converted = convert_gguf(write_tiny_gguf(root / "tiny.gguf"), "tiny", print)
+    converted = save_model_directory(write_tiny_gguf(root / "tiny.gguf"), root / "tiny-model")
     return {path.name: path.read_bytes() for path in converted.iterdir()}
 
 

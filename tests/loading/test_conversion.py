@@ -5,16 +5,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from streamchat.errors import ConfigError, ModelAccessError, UnsupportedModelError
 from streamchat.loading import conversion
 from streamchat.loading.conversion import cache_root, conversion_dir, convert_gguf
 from tests.support.gguf_files import write_tiny_gguf
 
+# The small files only: the weights are read from the GGUF itself (weights/gguf_source.py).
 CONVERTED_FILES = {
-    "model.safetensors",
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -41,7 +39,7 @@ def test_the_entry_is_named_after_the_source_fingerprint(gguf: Path):
     stat = gguf.stat()
     entry = conversion_dir(gguf)
     transformers_version = importlib.metadata.version("transformers")
-    assert entry.name == f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{transformers_version}"
+    assert entry.name == f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{transformers_version}-meta"
     assert entry.parent.name.startswith("tiny-")
     assert entry.parent.parent == cache_root() / "converted"
 
@@ -52,7 +50,7 @@ def test_first_use_converts_and_later_uses_reuse_the_copy(gguf: Path, monkeypatc
     assert entry == conversion_dir(gguf)
     assert {path.name for path in entry.iterdir()} == CONVERTED_FILES
     assert len(notes) == 1
-    assert notes[0].startswith("Converting tiny.gguf to a transformers model. This happens once")
+    assert notes == [f"Reading tiny.gguf's tokenizer and config once, into {entry.parent}."]
 
     def fail(*args: object) -> None:
         raise AssertionError("converted again")
@@ -64,16 +62,25 @@ def test_first_use_converts_and_later_uses_reuse_the_copy(gguf: Path, monkeypatc
 
 def test_a_changed_source_is_converted_again_and_the_stale_copy_removed(gguf: Path):
     old_entry = convert_gguf(gguf, "tiny", print)
-    old_weights = load_file(old_entry / "model.safetensors")
+    time.sleep(0.01)  # a new modification time, as any rewrite of a real file has
     write_tiny_gguf(gguf, seed=1)
     new_entry = convert_gguf(gguf, "tiny", print)
 
     assert new_entry != old_entry
     assert list(new_entry.parent.iterdir()) == [new_entry]
-    new_weights = load_file(new_entry / "model.safetensors")
-    embeddings = "model.embed_tokens.weight"
-    assert new_weights[embeddings].shape == old_weights[embeddings].shape
-    assert not torch.equal(new_weights[embeddings], old_weights[embeddings])
+
+
+def test_an_older_entry_with_float_weights_is_never_read_and_is_swept(gguf: Path):
+    stat = gguf.stat()
+    transformers_version = importlib.metadata.version("transformers")
+    # What streamchat 0.1.0 wrote: a whole float32 copy of the weights, under the entry name without a format.
+    old_entry = conversion_dir(gguf).parent / f"{stat.st_size}-{stat.st_mtime_ns}-transformers-{transformers_version}"
+    old_entry.mkdir(parents=True)
+    (old_entry / "model.safetensors").write_bytes(b"float32 weights")
+
+    entry = convert_gguf(gguf, "tiny", print)
+    assert entry != old_entry
+    assert list(entry.parent.iterdir()) == [entry]
 
 
 def test_an_interrupted_conversion_leaves_no_entry(gguf: Path, monkeypatch: pytest.MonkeyPatch):

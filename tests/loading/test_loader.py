@@ -16,10 +16,10 @@ from streamchat.errors import (
     UnsupportedModelError,
 )
 from streamchat.loading import LoadedModel, LoadOptions, load_model
-from streamchat.loading.conversion import conversion_dir, convert_gguf
+from streamchat.loading.conversion import cache_root, conversion_dir
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import ATTENTION_NAME
-from tests.support.gguf_files import CONTEXT_LENGTH, write_tiny_gguf
+from tests.support.gguf_files import CONTEXT_LENGTH, save_model_directory, write_tiny_gguf
 
 PROMPT = [{"role": "user", "content": "hello world"}]
 TINY_PARAMETERS = 27008
@@ -27,12 +27,9 @@ TINY_PARAMETERS = 27008
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A plain transformers model directory: the tiny GGUF, converted once for this module."""
+    """A plain transformers model directory: the tiny GGUF as transformers reads it, saved once for this module."""
     root = tmp_path_factory.mktemp("model")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("STREAMCHAT_CACHE_DIR", str(root / "cache"))
-        converted = convert_gguf(write_tiny_gguf(root / "tiny.gguf"), "tiny", print)
-    yield shutil.copytree(converted, root / "tiny-model")
+    yield save_model_directory(write_tiny_gguf(root / "tiny.gguf"), root / "tiny-model")
 
 
 def logits(loaded: LoadedModel) -> torch.Tensor:
@@ -111,16 +108,28 @@ def test_damaged_weights_are_refused_by_name(model_dir: Path, tmp_path: Path):
     )
 
 
-def test_a_damaged_conversion_is_to_be_deleted_and_made_again(tmp_path: Path):
+def test_a_quantized_model_is_packed_once_and_later_starts_read_the_packed_copy(tmp_path: Path):
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
-    entry = convert_gguf(gguf, "tiny", print)
-    (entry / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelAccessError) as raised:
-        load_model(LoadOptions(model=str(gguf)))
-    assert str(raised.value) == (
-        f"{entry / 'model.safetensors'} is truncated or corrupt: header too small; "
-        f"delete {entry} so that {gguf} is converted again"
-    )
+    options = LoadOptions(model=str(gguf), dtype="bfloat16", quantize="int4")
+    first = load_model(options)
+    later = load_model(options)
+
+    assert (first.weights_from, later.weights_from) == ("files", "packed copy")
+    (copy,) = (cache_root() / "packed").rglob("*.safetensors")
+    assert torch.equal(logits(first), logits(later))
+    assert first.parameters == later.parameters == TINY_PARAMETERS
+
+    copy.write_bytes(b"damaged")  # a copy cut short or garbled is packed again, not an error
+    again = load_model(options)
+    assert again.weights_from == "files"
+    assert torch.equal(logits(again), logits(first))
+    assert load_model(options).weights_from == "packed copy"
+
+
+def test_an_unquantized_model_is_read_from_its_files_at_every_start(model_dir: Path):
+    for _ in range(2):
+        assert load_model(LoadOptions(model=str(model_dir), dtype="float32", quantize="none")).weights_from == "files"
+    assert not (cache_root() / "packed").exists()
 
 
 @pytest.mark.parametrize(
@@ -183,15 +192,20 @@ def test_custom_code_runs_only_with_trust_remote_code(tmp_path: Path):
 def test_a_model_too_large_for_memory_is_reported_as_such(model_dir: Path, tmp_path: Path):
     huge = shutil.copytree(model_dir, tmp_path / "huge")
     config = json.loads((huge / "config.json").read_text())
-    # Ten billion tokens of embeddings (1.3 TB): the allocation fails at once.
+    # Ten billion tokens of embeddings (1.3 TB): refused before a weight is read.
     config["vocab_size"] = 10_000_000_000
     (huge / "config.json").write_text(json.dumps(config))
     save_file({"model.norm.weight": torch.ones(config["hidden_size"])}, huge / "model.safetensors")
 
     with pytest.raises(OutOfMemoryError) as raised:
-        load_model(LoadOptions(model=str(huge)))
-    assert str(raised.value) == (
-        f"out of memory while loading {huge}; try --dtype bfloat16 or float16, or a smaller model"
+        load_model(LoadOptions(model=str(huge), dtype="float32", quantize="none"))
+    message = str(raised.value)
+    assert message.startswith(
+        f"{huge} needs about 1408.5 GB (1280.0 GB of weights, 0.0 GB of KV window at 2,000 tokens, "
+        "128.5 GB for torch and activations) but about "
+    )
+    assert message.endswith(
+        " GB of memory is available; close other programs, pick a smaller model or --quantize int4, or shrink --window"
     )
     assert raised.value.exit_code == 6
 

@@ -1,0 +1,1 @@
+"""A model's weights read a tensor at a time from memory-mapped files, into the form they run in."""
