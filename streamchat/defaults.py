@@ -138,6 +138,8 @@ SERVE_BENCH_TURNS = 40
 SERVE_BENCH_MAX_NEW_TOKENS = 64
 SERVE_BENCH_N_CTX = 2048
 SERVE_BENCH_TIME_LIMIT_SECONDS = 3600
+# load: later starts of each engine, after the first (the median counts).
+LOAD_BENCH_TRIALS = 2
 
 # Tensor parallelism (`--tp`, streamchat/distributed): how long a rank waits for the others to
 # start (machines started by hand, one after another), how long it waits on them inside one

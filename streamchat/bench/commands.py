@@ -1,4 +1,4 @@
-"""`streamchat bench ppl|speed|keep|recall|display|decode|serve`: the Typer sub-app (mounted as `bench`).
+"""`streamchat bench ppl|speed|keep|recall|display|decode|load|serve`: the Typer sub-app (mounted as `bench`).
 
 Each command declares its options and its steps, sizes -> measure -> report, which bench/runner.py runs and
 saves. The model options are `run`'s (streamchat.interface.options) and, as for `run`, also come from the
@@ -8,15 +8,15 @@ for most, a PNG plot) into --out. torch, transformers and matplotlib load only o
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import typer
 from rich.markup import escape
 
 from streamchat import defaults
 from streamchat.bench import options
+from streamchat.bench.options import sizes_for
 from streamchat.bench.runner import Report, ReportTable, run_bench
-from streamchat.interface.config import load_options
 from streamchat.interface.options import (
     Command,
     DeviceOption,
@@ -29,13 +29,13 @@ from streamchat.interface.options import (
 )
 from streamchat.interface.reporting import reported_errors, stderr
 from streamchat.measure.models import ModelChoice, device_type
-from streamchat.measure.sizes import sizes_for
 
 bench_app = typer.Typer(
     name="bench",
     cls=Group,
     help="Benchmarks: perplexity (ppl), decode speed and memory (speed), the kept system prompt (keep), recalled "
-    "facts (recall), the live display (display), decode against other engines (decode), the HTTP API (serve).",
+    "facts (recall), the live display (display), decode against other engines (decode), starting a model (load), "
+    "the HTTP API (serve).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -118,7 +118,8 @@ def speed(
 
     choice = ModelChoice(model, device, dtype, quantize, random_init)
     if tp is not None:
-        raise typer.Exit(_tp_speed(tp, choice, window, steps))
+        with reported_errors():
+            raise typer.Exit(bench.tp_speed(tp, choice, window, steps, stderr.print))
 
     def sizes() -> bench.SpeedSizes:
         given = {"sinks": keep, "window": window, "checkpoints": bench.parse_checkpoints(checkpoints), "steps": steps}
@@ -140,18 +141,6 @@ def speed(
         )
 
     run_bench(out, sizes, measure, "--window")
-
-
-def _tp_speed(world_size: str, choice: ModelChoice, window: int | None, steps: int | None) -> int:
-    """`bench speed --tp N`: one reply's decode speed, sharded over N processes, against one; the exit code."""
-    from streamchat.bench.tensor_parallel import tp_speed
-    from streamchat.loading import load_model
-
-    with reported_errors():
-        loading, steps = load_options(choice.config()), steps or defaults.TP_BENCH_STEPS
-        return tp_speed(
-            world_size, loading, window or defaults.WINDOW, steps, load_model, stderr.print, choice.random_init
-        )
 
 
 @bench_app.command(cls=Command)
@@ -294,6 +283,7 @@ def decode(
     window: options.ChatWindowOption = None,
     full_cache: options.FullCacheOption = False,
     compiled: options.CompiledOption = True,
+    baseline: options.BaselineOption = True,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
@@ -303,7 +293,8 @@ def decode(
     """Decode speed of streamchat, eager and compiled, against transformers' generate(), llama.cpp and the limit.
 
     Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given), eager
-    and compiled, and on CPU in float32 unquantized; generate() with a StaticCache on each;
+    and compiled, and on CPU in float32 unquantized (unless --no-baseline, or where its weights would not
+    fit in the memory available: the table says which); generate() with a StaticCache on each;
     llama.cpp on the same GGUF when llama-cpp-python is installed. Greedy, same prompt,
     trials alternating between rows.
     """
@@ -317,33 +308,44 @@ def decode(
         setting = bench.run_defaults(config.dtype, config.quantize)
         where = device_type(config.device)
         use_compile_cache()
-        gguf = None
-        if random_init is None and where == "cpu":
-            gguf, reason = bench.llama_cpp_gguf(config.model)
-            if gguf is None:
-                stderr.print(reason, markup=False)
-
-        def subject_for(asked: bench.Setting) -> bench.Subject:
-            loaded = choice.bench_model(dataclasses.replace(config, dtype=asked.dtype, quantize=asked.quantize))
-            # Random weights have no tokenizer, so no chat prompt: a cache-filling one instead.
-            if sizes.full_cache or loaded.tokenizer is None:
-                ids = bench.filling_ids(loaded.model, sizes)
-            else:
-                ids = bench.prompt_ids(loaded.tokenizer, loaded.device)
-            return bench.Subject(loaded.model, ids, loaded.precision)
-
-        rows = bench.measure(setting, sizes, subject_for, where, compiled, gguf)
-        name = f"random {random_init}" if random_init else config.model
-        title = (
-            f"Decode speed: {escape(name)} on {where}, greedy, {sizes.max_new_tokens} tokens per reply, "
-            f"cache {sizes.sinks}+{sizes.window}{' full' if full_cache else ''}, median of {sizes.trials}"
-        )
-        caption = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
+        gguf = bench.llama_cpp_file(config.model, random_init, where, lambda text: stderr.print(text, markup=False))
+        subject_for = functools.partial(bench.subject, choice, config, sizes=sizes)
+        rows, left_out = bench.measure(setting, sizes, subject_for, where, compiled, gguf, baseline)
+        title = bench.title(f"random {random_init}" if random_init else config.model, where, sizes)
         checks = bench.checks(rows, setting.label, where)
-        return Report([ReportTable("decode.csv", title, bench.columns(), rows, checks, caption)])
+        return Report([ReportTable("decode.csv", title, bench.columns(), rows, checks, bench.caption(left_out))])
 
     given = {"max_new_tokens": max_new_tokens, "trials": trials, "window": window, "full_cache": full_cache}
     run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, **given), measure, "--window or --max-new-tokens")
+
+
+@bench_app.command(cls=Command)
+def load(
+    model: ModelOption = None,
+    trials: options.LoadTrialsOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
+    out: options.OutOption = options.DEFAULT_OUT,
+    quick: options.QuickOption = False,
+) -> None:
+    """Start-up: seconds until the model is loaded, peak RSS, disk added to streamchat's cache; first and later.
+
+    Each start is a fresh `streamchat info` process, which loads the model as `run` does. The first has an empty
+    cache of its own (STREAMCHAT_CACHE_DIR: a new temporary directory), where a GGUF file converts; later starts
+    (--trials) reuse it. Beside them: llama.cpp loading the same GGUF, when llama-cpp-python is installed.
+    """
+    from streamchat.bench import load as bench
+
+    def measure(sizes: bench.LoadSizes) -> Report:
+        choice = ModelChoice(model, device, dtype, quantize)
+        config = choice.config()  # every option checked before a child starts
+        rows, skipped = bench.measure(choice, config.model, sizes, lambda text: stderr.print(text, markup=False))
+        title = f"Start-up: {escape(config.model)}, a fresh process per start, later: median of {sizes.trials}"
+        return Report([ReportTable("load.csv", title, bench.columns(), rows, caption=bench.caption(skipped))])
+
+    # The model loads in processes of their own: an allocation failure there is theirs to report.
+    run_bench(out, lambda: sizes_for(quick, bench.FULL, bench.QUICK, trials=trials), measure, smaller=None)
 
 
 @bench_app.command(cls=Command)

@@ -5,7 +5,8 @@ Same model, prompt and greedy decoding for every row:
 - streamchat's token loop through the sink cache as `run` decodes (on a CPU, uncompiled,
   the engine's step with one row; else generation/decoder.py: draw, feed, read back),
   eager and with the decode step compiled, as `run` loads the model by default and as
-  `--dtype float32 --quantize none` (the issue's CPU baseline);
+  `--dtype float32 --quantize none` (the issue's CPU baseline: left out by --no-baseline, and where
+  its weights, 4 bytes a parameter, would not fit in the memory available beside the model loaded);
 - transformers' own generate() with a StaticCache on the same model: what a transformers
   user gets (decode time: from its first token to its last, as a streamer sees them); on CUDA generate()
   compiles the forward pass itself when the cache is static;
@@ -25,23 +26,24 @@ each row reports its median.
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from rich.markup import escape
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.cache import SinkCache, prefill_chunks
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import engine_step
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
-from streamchat.loading.resolve import packaged_gguf
 from streamchat.measure.aten_calls import decode_aten_calls_per_token
 from streamchat.measure.bandwidth import (
     gguf_bytes_per_token,
@@ -50,8 +52,13 @@ from streamchat.measure.bandwidth import (
     synchronize,
     weight_bytes_per_token,
 )
+from streamchat.measure.llama_cpp import LlamaCpp, llama_cpp_gguf
 from streamchat.measure.report import Check, Column, Row
-from streamchat.measure.sizes import require_at_least
+from streamchat.weights.footprint import available_memory
+
+if TYPE_CHECKING:
+    from streamchat.interface.config import RunConfig
+    from streamchat.measure.models import ModelChoice
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The issue's targets: on the CPU default model, and on CUDA (compiled against eager).
@@ -60,7 +67,6 @@ DEFAULTS_VS_LLAMA_CPP_MAX = 2.5
 STREAMCHAT_VS_GENERATE_MAX = 1.0
 COMPILED_VS_EAGER_MIN = 2.5
 COMPILED_VS_LIMIT_MAX = 2.0
-LLAMA_CPP_MIN_CONTEXT = 512
 STREAMCHAT, COMPILED, GENERATE = "streamchat", "streamchat compiled", "transformers generate() + StaticCache"
 
 
@@ -97,6 +103,7 @@ class Subject:
     model: Any
     ids: torch.Tensor  # [1, n]
     precision: str  # "bfloat16 int8", "float32"
+    parameters: int  # counted before quantizing
 
     @property
     def device(self) -> torch.device:
@@ -124,6 +131,16 @@ def run_defaults(dtype: str, quantize: str) -> Setting:
 
 
 BASELINE = Setting("--dtype float32 --quantize none", "float32", "none")
+NOT_ASKED = "float32 rows left out: --no-baseline"
+
+
+def baseline_left_out(parameters: int, available: int | None) -> str | None:
+    """Why the float32 rows are left out where their weights (4 bytes a parameter) exceed the `available` bytes;
+    None where they fit, or where the memory available is unknown."""
+    needed = 4 * parameters
+    if available is None or needed <= available:
+        return None
+    return f"float32 rows left out: their weights need {needed / 1e9:.1f} GB, {available / 1e9:.1f} GB is available"
 
 
 def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> list[Contender]:
@@ -204,6 +221,27 @@ def prompt_ids(tokenizer: Any, device: torch.device) -> torch.Tensor:
     return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
 
 
+def subject(choice: ModelChoice, config: RunConfig, setting: Setting, sizes: DecodeSizes) -> Subject:
+    """The model loaded as `setting` asks, and the chat prompt; or (--full-cache, or random weights, which have no
+    tokenizer) a prompt that fills the cache."""
+    loaded = choice.bench_model(dataclasses.replace(config, dtype=setting.dtype, quantize=setting.quantize))
+    if sizes.full_cache or loaded.tokenizer is None:
+        ids = filling_ids(loaded.model, sizes)
+    else:
+        ids = prompt_ids(loaded.tokenizer, loaded.device)
+    return Subject(loaded.model, ids, loaded.precision, loaded.parameters)
+
+
+def llama_cpp_file(model: str, random_init: str | None, device_type: str, say: Callable[[str], None]) -> Path | None:
+    """The GGUF file of the llama.cpp row: --model's, on a CPU; None (`say` why, where there could be one)."""
+    if random_init is not None or device_type != "cpu":
+        return None
+    gguf, reason = llama_cpp_gguf(model)
+    if gguf is None:
+        say(reason)
+    return gguf
+
+
 def filling_ids(model: Any, sizes: DecodeSizes) -> torch.Tensor:
     """Random ids [1, capacity]: a prompt that leaves the cache full when the reply starts."""
     generator = torch.Generator().manual_seed(0)
@@ -211,46 +249,6 @@ def filling_ids(model: Any, sizes: DecodeSizes) -> torch.Tensor:
     return torch.randint(vocab, (1, sizes.sinks + sizes.window), generator=generator).to(
         model.get_input_embeddings().weight.device
     )
-
-
-class LlamaCpp:
-    """llama.cpp on a GGUF file, greedy, with as many threads as torch uses."""
-
-    def __init__(self, gguf: Path, context: int) -> None:
-        from llama_cpp import Llama
-
-        self.gguf = gguf
-        # The prompt goes in one token at a time (n_batch 1), as every decode step does anyway: llama.cpp's
-        # AMX matmul for batches dies with SIGILL on VMs that list AMX but do not enable it (the CI machine).
-        self.llama = Llama(
-            model_path=str(gguf),
-            n_ctx=max(context, LLAMA_CPP_MIN_CONTEXT),
-            n_batch=1,
-            n_ubatch=1,
-            n_threads=torch.get_num_threads(),
-            verbose=False,
-        )
-
-    def decode(self, ids: list[int], sizes: DecodeSizes) -> float:
-        """Seconds per decode step: from the first generated token to the last."""
-        stamps = []
-        for _ in self.llama.generate(ids, temp=0.0, top_k=1, reset=True):
-            stamps.append(time.perf_counter())
-            if len(stamps) == sizes.max_new_tokens:
-                break
-        return (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
-
-
-def llama_cpp_gguf(model: str | None) -> tuple[Path | None, str]:
-    """The GGUF llama.cpp reads for `model`, or None and why there is no llama.cpp row."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None, "llama.cpp row skipped: llama-cpp-python is not installed (pip install 'streamchat[llamacpp]')"
-    if model is not None and model.endswith(".gguf"):
-        return Path(model), ""
-    if model not in (None, defaults.DEFAULT_MODEL):
-        return None, f"llama.cpp row skipped: {model} is not a GGUF file"
-    gguf = packaged_gguf(defaults.DEFAULT_MODEL)
-    return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
 
 
 # ---- rows, checks -------------------------------------------------------------------------------
@@ -279,6 +277,19 @@ def row(engine: str, setting: str, seconds: list[float], limit_seconds: float | 
         "limit_ms": None if limit_seconds is None else limit_seconds * 1000,
         "x_of_limit": None if limit_seconds is None else median / limit_seconds,
     }
+
+
+def title(name: str, device_type: str, sizes: DecodeSizes) -> str:
+    return (
+        f"Decode speed: {escape(name)} on {device_type}, greedy, {sizes.max_new_tokens} tokens per reply, "
+        f"cache {sizes.sinks}+{sizes.window}{' full' if sizes.full_cache else ''}, median of {sizes.trials}"
+    )
+
+
+def caption(left_out: str | None) -> str:
+    """What the limit is, and why the float32 rows are left out where they are."""
+    limit = "limit: (weight bytes + KV-cache bytes read per token) / bandwidth of one large GEMV, measured now"
+    return f"{limit}\n{escape(left_out)}" if left_out else limit
 
 
 def checks(rows: list[Row], defaults_setting: str, device_type: str) -> list[Check]:
@@ -320,10 +331,19 @@ def measure(
     device_type: str,
     compiled: bool,
     gguf: Path | None,
-) -> list[Row]:
-    """Every row's median decode time over `sizes.trials` trials, the rows taking turns."""
+    baseline: bool = True,
+) -> tuple[list[Row], str | None]:
+    """Every row's median decode time over `sizes.trials` trials, the rows taking turns; and why the float32
+    rows are left out (None where they run or have no place)."""
     rows = contenders(defaults_setting, device_type, compiled)
-    subjects: dict[str, Subject] = {}
+    subjects = {defaults_setting.label: subject_for(defaults_setting)}
+    left_out = None
+    if any(contender.setting == BASELINE for contender in rows):
+        # Judged with the first model loaded, which stays loaded beside the float32 one.
+        parameters = subjects[defaults_setting.label].parameters
+        left_out = baseline_left_out(parameters, available_memory()) if baseline else NOT_ASKED
+        if left_out is not None:
+            rows = [contender for contender in rows if contender.setting != BASELINE]
     for contender in rows:
         if contender.setting.label not in subjects:
             subjects[contender.setting.label] = subject_for(contender.setting)
@@ -340,11 +360,10 @@ def measure(
         for contender in rows
     ]
     if gguf is not None:
-        llama = LlamaCpp(gguf, first.ids.shape[-1] + sizes.max_new_tokens + 8)
+        llama = LlamaCpp(gguf, first.ids.shape[-1] + sizes.max_new_tokens + 8, torch.get_num_threads())
         prompt = first.ids[0].tolist()
-        runs.append(
-            ("llama.cpp", f"{gguf.name}, {torch.get_num_threads()} threads", lambda size: llama.decode(prompt, size))
-        )
+        label = f"{gguf.name}, {torch.get_num_threads()} threads"
+        runs.append(("llama.cpp", label, lambda size: llama.decode(prompt, size.max_new_tokens)))
     # One short untimed reply each first: allocations, lazy imports, compiling, caches warm up untimed.
     warm_up = DecodeSizes(2, 1, sizes.window, sizes.sinks, sizes.full_cache)
     for _, _, run in runs:
@@ -385,4 +404,4 @@ def measure(
             row(engine, label, measured, limit)
             | {"precision": subject.precision, "aten_calls_per_token": calls.get((engine, label))}
         )
-    return found
+    return found, left_out

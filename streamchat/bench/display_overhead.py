@@ -18,13 +18,13 @@ from typing import Any
 from rich.console import Console
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.display import ChatDisplay
 from streamchat.measure.report import Check, Column, Row
-from streamchat.measure.sizes import require_at_least
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 # The live display may cost at most this share of decode speed.

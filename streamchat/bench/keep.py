@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.feeding import chunk_sizes
 from streamchat.cache.ledger import SMALLEST_WINDOW
@@ -38,7 +39,6 @@ from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.perplexity import answer_log_prob
 from streamchat.measure.report import Check, Column, Row
-from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,20 +1,37 @@
 """The benches' options, declared once: --out and --quick, sizes that fall back on the bench's, each bench's inputs.
 
 The model options are `run`'s (streamchat.interface.options). A size option's Typer default is None, so that a
-bench tells a size given from one left to --quick; its help shows the full size.
+bench tells a size given from one left to --quick; its help shows the full size. sizes_for: the full sizes or the
+--quick ones, with the sizes given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from streamchat import defaults
+from streamchat.errors import ConfigError
 
 DEFAULT_OUT = Path(defaults.BENCH_OUT_DIR)
 WINDOW_HELP = "Recent tokens kept in the rolling window."
+# A frozen dataclass of sizes (PplSizes, SpeedSizes) that validates itself when built.
+Sizes = TypeVar("Sizes")
+
+
+def sizes_for(quick: bool, full: Sizes, quick_sizes: Sizes, **options: object) -> Sizes:
+    """`quick_sizes` or `full`, with every option that was given (not None) in place of its default."""
+    given = {name: value for name, value in options.items() if value is not None}
+    return dataclasses.replace(quick_sizes if quick else full, **given)
+
+
+def require_at_least(option: str, value: int, least: int) -> None:
+    """Refuse `option` (as typed on the command line) when `value` is below `least`."""
+    if value < least:
+        raise ConfigError(f"{option} {value}: must be at least {least}")
 
 
 def size_option(help_text: str, default: object, *names: str, metavar: str = "N") -> Any:
@@ -135,6 +152,14 @@ FullCacheOption = Annotated[
 CompiledOption = Annotated[
     bool, typer.Option("--compiled/--no-compiled", help="Also time the compiled decode step (compiles first, untimed).")
 ]
+BaselineOption = Annotated[
+    bool,
+    typer.Option(
+        "--baseline/--no-baseline",
+        help="On CPU, also time the model in float32 unquantized, where its weights (4 bytes a parameter) fit in "
+        "the memory available.",
+    ),
+]
 
 # serve.
 ConversationsOption = Annotated[
@@ -175,4 +200,10 @@ TimeLimitOption = Annotated[
     size_option(
         "Seconds each row may run; turns not sent by then are errors.", defaults.SERVE_BENCH_TIME_LIMIT_SECONDS
     ),
+]
+
+# load.
+LoadTrialsOption = Annotated[
+    int | None,
+    size_option("Later starts of each engine, after the first (the median counts).", defaults.LOAD_BENCH_TRIALS),
 ]

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.errors import ConfigError
 from streamchat.measure.perplexity import OnScored, dense_nll, recompute_nll, streaming_nll
 from streamchat.measure.report import Check, Column, Row
-from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     import torch

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession, SessionOptions
@@ -31,7 +32,6 @@ from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.perplexity import answer_log_prob
 from streamchat.measure.recall_facts import Fact
 from streamchat.measure.report import Check, Column, Row
-from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamchat import defaults
+from streamchat.bench.options import require_at_least
 from streamchat.errors import ConfigError
 from streamchat.loading.resolve import packaged_gguf
 from streamchat.measure.chat_client import Reply as TurnReply
 from streamchat.measure.chat_client import TurnRecord, Workload, run_conversations, served_model
 from streamchat.measure.report import Column, Row
 from streamchat.measure.server_process import HOST, ServerCommand, running
-from streamchat.measure.sizes import require_at_least
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -10,27 +10,42 @@ One process, one model, three policies at the same cache fill:
 At each checkpoint the policies take turns, one decode step each, `steps` times, in a
 rotating order, so machine noise hits all alike; latencies are medians, memory the
 peak of each policy's steps.
+
+With --tp N: decode ms/token of one reply with the model sharded over N processes, against one.
+Outside torchrun, the command first measures one process (the whole model here), then
+starts N ranks (streamchat.distributed.supervisor) that measure the same reply together:
+greedy, `steps` tokens after a warm-up reply, through the chat's own lockstep (rank 0
+draws and broadcasts each token). Under torchrun only the N-process figure is printed.
+On one CPU the processes share its cores: a smoke test, not a scaling figure.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
+from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
+from streamchat.interface.config import load_options
+from streamchat.loading import LoadedModel, LoadOptions
 from streamchat.measure.decoders import DenseDecoder, PolicyDecoder, RecomputeDecoder, StreamingDecoder
 from streamchat.measure.memory import MemoryProbe, memory_probe
 from streamchat.measure.report import Check, Column, Row
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from streamchat.measure.models import ModelChoice
 
 POLICIES = ("streaming", "dense", "recompute")
 # The claims a full run checks: streaming costs what dense costs at the same fill, far less than
@@ -44,6 +59,9 @@ MEMORY_BASELINE_TOKENS = 10_000
 # Random token ids from a fixed seed: timing does not depend on what the tokens say.
 STREAM_SEED = 0
 MIB = 2**20
+# --tp: the reply timed, and the untimed one before it.
+TP_PROMPT = "Tell me a long story about a lighthouse keeper."
+TP_WARMUP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -262,3 +280,96 @@ def draw_speed(measurements: list[Measurement], sizes: SpeedSizes, memory_kind: 
 def _thousands(count: int) -> str:
     """64000 -> "64k": checkpoint labels that fit side by side on a log axis."""
     return f"{count / 1000:g}k" if count >= 1000 else str(count)
+
+
+# ---- --tp N: one reply's decode speed, the model sharded over N processes ----------------------
+
+
+@dataclass(frozen=True)
+class DecodeSpeed:
+    processes: int
+    backend: str  # "one process", "gloo" or "nccl"
+    device: str
+    tokens: int  # decode steps timed
+    ms_per_token: float
+
+    def line(self) -> str:
+        how = "1 process" if self.processes == 1 else f"{self.processes} processes ({self.backend})"
+        return f"decode {self.ms_per_token:.2f} ms/token · {how} on {self.device} · {self.tokens} tokens"
+
+
+def tp_speed(
+    world_size: str, choice: ModelChoice, window: int | None, steps: int | None, say: Callable[[str], None]
+) -> int:
+    """Measure one process, then `world_size` (or join torchrun's ranks and measure those); the exit code."""
+    from streamchat.distributed.group import ranks_from_env
+    from streamchat.loading import load_model
+
+    options = load_options(choice.config())
+    if choice.random_init is not None:
+        raise ConfigError("--tp loads --model's weights sharded: give --model instead of --random-init")
+    options = dataclasses.replace(options, quantize="none")  # --tp shards unquantized weights
+    window, steps = window or defaults.WINDOW, steps or defaults.TP_BENCH_STEPS
+    ranks = ranks_from_env(os.environ)
+    if ranks is None:
+        if not world_size.isdigit() or int(world_size) < 2:
+            raise ConfigError(f"--tp {world_size}: give the number of processes (2 or more) to measure")
+        say(measure_reply(load_model(options), window, steps).line())
+        from streamchat.distributed.supervisor import supervise
+
+        return supervise(int(world_size), [sys.executable, "-m", "streamchat", *sys.argv[1:]], say)
+    return _as_rank(ranks, options, window, steps, say)
+
+
+def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, say: Callable[[str], None]) -> NoReturn:
+    from streamchat.distributed.follower import follow
+    from streamchat.distributed.group import device_type, join_group, leave_group_and_exit, step_timeout
+    from streamchat.distributed.leader import LeaderSession
+    from streamchat.distributed.lockstep import Lockstep
+    from streamchat.loading import load_model
+
+    where = device_type(options.device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    group = join_group(ranks, where, step_timeout(os.environ))
+    lockstep = Lockstep(group)
+    loaded = load_model(dataclasses.replace(options, tp_size=ranks.world_size))
+    session = _session(loaded, window, steps, lockstep)
+    if not ranks.leads:
+        follow(session, lockstep)
+        leave_group_and_exit(0)
+    leader = LeaderSession(session, lockstep)
+    try:
+        speed = measure_reply(loaded, window, steps, leader)
+    finally:
+        leader.close()
+    backend = "nccl" if where == "cuda" else "gloo"
+    say(dataclasses.replace(speed, processes=ranks.world_size, backend=backend).line())
+    leave_group_and_exit(0)  # only after a clean end (see app/tensor_parallel.py)
+
+
+def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) -> Any:
+    from streamchat.conversation.session import ChatSession, SessionOptions
+
+    settings = GenerationSettings(max_new_tokens=steps + 1, temperature=0.0, stop=())
+    return ChatSession(
+        loaded.model, loaded.tokenizer, SessionOptions(window=window, settings=settings, channel=channel, recall="off")
+    )
+
+
+def measure_reply(loaded: LoadedModel, window: int, steps: int, session: Any = None) -> DecodeSpeed:
+    """A warm-up reply, then a timed one of `steps` decode steps (fewer if the model ends it)."""
+    session = session or _session(loaded, window, steps)
+    session.update_settings(max_new_tokens=TP_WARMUP_TOKENS)
+    _finished(session.chat(TP_PROMPT))
+    session.update_settings(max_new_tokens=steps + 1)  # the first token comes from the prompt's logits
+    stats = _finished(session.chat(TP_PROMPT)).stats
+    tokens = stats.generated_tokens - 1
+    per_token = 1000 * stats.decode_seconds / tokens if tokens > 0 else float("nan")
+    return DecodeSpeed(1, "one process", str(loaded.device), tokens, per_token)
+
+
+def _finished(events: Any) -> TurnFinished:
+    finished = None
+    for event in events:
+        if isinstance(event, TurnFinished):
+            finished = event
+    return finished

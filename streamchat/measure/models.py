@@ -126,6 +126,7 @@ class BenchModel:
     dtype: torch.dtype
     quantization: str = "none"
     tokenizer: Any = None  # a loaded model's; random weights have none
+    parameters: int = 0  # counted before quantizing (packed layers hold their weights as buffers)
 
     @property
     def precision(self) -> str:
@@ -161,7 +162,13 @@ class ModelChoice:
             return random_model(self.random_init, config.device, config.dtype, config.quantize)
         loaded = load_model(load_options(config), notify=notify)
         return BenchModel(
-            loaded.model, loaded.source.name, loaded.device, loaded.dtype, loaded.quantization, loaded.tokenizer
+            loaded.model,
+            loaded.source.name,
+            loaded.device,
+            loaded.dtype,
+            loaded.quantization,
+            loaded.tokenizer,
+            loaded.parameters,
         )
 
 
@@ -209,9 +216,11 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
             config, dtype=getattr(torch, placement.dtype), attn_implementation=attention_implementation(config)
         )
     model.eval()
+    parameters = model.num_parameters()  # before quantizing, as load_model counts them
     fuse_projections(model)  # as load_model does: before quantizing, the fused layers quantized whole
     quantize_model(model, quantization, native_kernels(placement.device, placement.dtype, quantization))
-    return BenchModel(model, f"random {spec}", torch.device(placement.device), model.dtype, quantization.method)
+    device = torch.device(placement.device)
+    return BenchModel(model, f"random {spec}", device, model.dtype, quantization.method, parameters=parameters)
 
 
 def device_type(device: str) -> str:

@@ -16,7 +16,7 @@ COMMANDS = [
     ("run",),
     ("serve",),
     ("bench",),
-    *(("bench", name) for name in ("ppl", "speed", "keep", "recall", "display", "decode", "serve")),
+    *(("bench", name) for name in ("ppl", "speed", "keep", "recall", "display", "decode", "load", "serve")),
 ]
 # Continuation lines of an option's help, in a panel: their indent is where the help column starts.
 HELP_CONTINUED = re.compile(r"^│( {8,})\S")

@@ -128,3 +128,56 @@ def test_on_cuda_the_checks_are_compiled_against_eager_and_the_limit():
         "streamchat / generate() ms per token, run defaults": (20 / 6, False),
         "streamchat compiled / generate() ms per token, run defaults": (5 / 6, True),
     }
+
+
+# ---- the float32 rows, where they fit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parameters", "available", "left_out"),
+    [
+        (1_000, 4_000, None),  # exactly fits: 4 bytes a parameter
+        (1_000, None, None),  # the memory available is unknown (not Linux): assumed to fit
+        (1_001, 4_000, "float32 rows left out: their weights need 0.0 GB, 0.0 GB is available"),
+        # Llama 2 7B on a 16 GB machine: 27 GB of float32 weights.
+        (6_738_415_616, 16 * 10**9, "float32 rows left out: their weights need 27.0 GB, 16.0 GB is available"),
+        (6_738_415_616, 27 * 10**9, None),
+    ],
+)
+def test_the_float32_rows_run_only_where_their_weights_fit(parameters, available, left_out):
+    assert bench.baseline_left_out(parameters, available) == left_out
+
+
+def test_without_the_float32_rows_their_check_is_not_made_and_the_others_are():
+    rows = [
+        {"engine": "streamchat", "setting": "run defaults", "ms_per_token": 20.0},
+        {"engine": "transformers generate() + StaticCache", "setting": "run defaults", "ms_per_token": 25.0},
+        {"engine": "llama.cpp", "setting": "x.gguf", "ms_per_token": 10.0},
+    ]
+    found = {check.name for check in bench.checks(rows, "run defaults", "cpu")}
+    assert found == {"run defaults / llama.cpp ms per token", "streamchat / generate() ms per token, run defaults"}
+
+
+def test_no_baseline_leaves_the_float32_rows_out_and_the_table_says_so(tiny_model_dir, tmp_path):
+    out = tmp_path / "results"
+    arguments = ["decode", "--quick", "--no-compiled", "--no-baseline", "--model", str(tiny_model_dir)]
+    result = CliRunner().invoke(
+        bench_app, [*arguments, "--device", "cpu", "--out", str(out)], env={"COLUMNS": "250"}, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    with (out / "decode.csv").open(newline="", encoding="utf-8") as file:
+        assert [(row["engine"], row["setting"]) for row in csv.DictReader(file)] == [
+            ("streamchat", "run defaults"),
+            ("transformers generate() + StaticCache", "run defaults"),
+        ]
+    assert "float32 rows left out: --no-baseline" in result.output
+    assert "float32 decode speed" not in result.output
+    assert "streamchat / generate() ms per token, run defaults:" in result.output
+
+
+def test_the_help_says_when_the_float32_rows_run():
+    result = CliRunner().invoke(bench_app, ["decode", "--help"], env={"COLUMNS": "250"})
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 0
+    assert "in float32 unquantized (unless --no-baseline, or where its weights would not fit in the memory" in words
+    assert "--no-baseline On CPU, also time the model in float32 unquantized, where its weights" in words

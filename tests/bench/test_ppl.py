@@ -7,8 +7,8 @@ import torch
 
 from streamchat import defaults
 from streamchat.bench import ppl
+from streamchat.bench.options import sizes_for
 from streamchat.errors import ConfigError
-from streamchat.measure.sizes import sizes_for
 from tests.support.tokenizers import byte_level_tokenizer
 
 

@@ -1,15 +1,21 @@
-"""The speed benchmark on a tiny model: what gets measured at each checkpoint, and what it shows."""
+"""The speed benchmark on a tiny model: what gets measured at each checkpoint, and what it shows; with --tp 2,
+one process's decode ms/token and two's."""
 
 import itertools
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
 from streamchat import defaults
 from streamchat.bench import speed
+from streamchat.bench.options import sizes_for
 from streamchat.errors import ConfigError
 from streamchat.generation.settings import GenerationSettings
-from streamchat.measure.sizes import sizes_for
 from tests.support.models import tiny_model
+from tests.support.waiting import HANG_GUARD_SECONDS
 
 SETTINGS = GenerationSettings()
 
@@ -106,3 +112,31 @@ def test_checks_look_at_full_cache_checkpoints_only():
         "recompute / streaming latency, cache 32 (worst)": (28.846, True),
         "streaming memory growth % from 10,000 to 20,000 tokens": (2.0, False),
     }
+
+
+# ---- --tp N ------------------------------------------------------------------------------------
+
+TP_LINE = r"decode \d+\.\d\d ms/token · {} on cpu · 16 tokens"
+
+
+@pytest.mark.multiprocess
+def test_bench_speed_tp_2_reports_decode_ms_per_token_for_one_process_and_for_two(tiny_chat_model):
+    command = [sys.executable, "-m", "streamchat", "bench", "speed", "--tp", "2", "--model", str(tiny_chat_model)]
+    command += ["--device", "cpu", "--dtype", "float32", "--window", "40", "--steps", "16"]
+    result = subprocess.run(
+        command, capture_output=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(TP_LINE.format("1 process"), lines[0])
+    assert re.fullmatch(TP_LINE.format(r"2 processes \(gloo\)"), lines[1])
+
+
+def test_bench_speed_tp_refuses_random_weights_in_one_line():
+    command = [sys.executable, "-m", "streamchat", "bench", "speed", "--tp", "2", "--random-init", "tiny"]
+    result = subprocess.run(command, capture_output=True, timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 2
+    assert (
+        result.stderr.decode() == "error: --tp loads --model's weights sharded: give --model instead of --random-init\n"
+    )

@@ -95,3 +95,11 @@ def test_random_weights_are_fused_as_a_load_fuses_them_so_the_lean_step_runs():
     model = random_model("tiny", "cpu", "float32").model
     assert isinstance(model.model.layers[0].self_attn.qkv_proj, FusedProjection)
     assert lean_forward_for(model) is not None
+
+
+def test_random_weights_count_their_parameters_before_quantizing_as_a_load_counts_them():
+    # tiny: 256 x 64 embeddings and head; per layer q, o 64 x 64, k, v 32 x 64, three 64 x 128 MLP weights, two norms.
+    expected = 2 * 256 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    quantized = random_model("tiny", "cpu", "bfloat16", "int8")
+    assert quantized.quantization == "int8" and quantized.model.num_parameters() < expected  # weights now buffers
+    assert quantized.parameters == random_model("tiny", "cpu", "float32").parameters == expected == 106_816

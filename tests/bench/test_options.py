@@ -1,11 +1,11 @@
-"""Benchmark sizes: the full or --quick preset, with the options given; sizes below their floor are refused."""
+"""The benches' sizes: the full or --quick preset, with the options given; sizes below their floor are refused."""
 
 from dataclasses import dataclass
 
 import pytest
 
+from streamchat.bench.options import require_at_least, sizes_for
 from streamchat.errors import ConfigError
-from streamchat.measure.sizes import require_at_least, sizes_for
 
 
 @dataclass(frozen=True)
