@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from streamchat.placement.int8_linear import QUANTIZED_ROWS
 from streamchat.placement.packed_linear import PackedLinear
 
 GROUP_SIZE = 32
@@ -82,13 +83,22 @@ class Int4Grid(NamedTuple):
 
 
 def quantize_groups(weight: torch.Tensor) -> Int4Grid:
-    """`weight` [out, in] on the grid that fits each group best: levels int32, float32 steps and minimums."""
+    """`weight` [out, in] on the grid that fits each group best: levels int32, float32 steps and minimums.
+    Rows are widened QUANTIZED_ROWS at a time (int8_linear.quantize_rows says why)."""
     out_features, in_features = weight.shape
-    groups = weight.float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)  # [out, groups, 32]
-    minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)
-    step = ((maximum - minimum) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.round((groups - minimum[..., None]) / step[..., None]).clamp(0, LEVELS)
-    return Int4Grid(q.reshape(out_features, in_features).to(torch.int32), step, minimum)
+    levels = torch.empty(weight.shape, dtype=torch.int32, device=weight.device)
+    step = torch.empty(out_features, in_features // GROUP_SIZE, device=weight.device)
+    minimum = torch.empty_like(step)
+    if weight.is_meta:  # a model built empty: the shapes are all there is to know
+        return Int4Grid(levels, step, minimum)
+    for start in range(0, out_features, QUANTIZED_ROWS):
+        end = start + QUANTIZED_ROWS
+        groups = weight[start:end].float().reshape(-1, in_features // GROUP_SIZE, GROUP_SIZE)  # [rows, groups, 32]
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        steps = ((high - low) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+        q = torch.round((groups - low[..., None]) / steps[..., None]).clamp(0, LEVELS)
+        levels[start:end], step[start:end], minimum[start:end] = q.reshape(-1, in_features), steps, low
+    return Int4Grid(levels, step, minimum)
 
 
 class GridLinear(torch.nn.Linear):

@@ -17,6 +17,8 @@ INT8_MAX = 127
 # The kernel's bf16 path segfaults or returns wrong sums unless in_features is a multiple of 16
 # (torch 2.13 on AVX-512/AMX CPUs; fp16 and fp32 take any width): such layers stay as they are.
 IN_FEATURES_MULTIPLE = 16
+# Rows a quantization widens to float32 at a time (quantize_rows, int4_linear.quantize_groups).
+QUANTIZED_ROWS = 1024
 # How many of each row's best logits Int8Head recomputes in float32.
 REFINED_CANDIDATES = 8
 
@@ -28,11 +30,18 @@ def fits_int8_kernel(linear: torch.nn.Linear) -> bool:
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`weight` [out, in] as int8 [out, in] and float32 scales [out]: symmetric per output row, the row's
-    largest magnitude mapped to 127."""
-    wide = weight.float()
-    scales = wide.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # [out]
-    quantized = torch.round(wide / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return quantized.contiguous(), scales
+    largest magnitude mapped to 127. Rows are quantized QUANTIZED_ROWS at a time: widened whole, a 49k-token
+    output head would hold three float32 copies of itself at once (1.2 GB at 1.7B) while a model loads."""
+    quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    if weight.is_meta:  # a model built empty: the shapes are all there is to know
+        return quantized, scales
+    for start in range(0, weight.shape[0], QUANTIZED_ROWS):
+        wide = weight[start : start + QUANTIZED_ROWS].float()
+        rows = wide.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # [rows]
+        quantized[start : start + QUANTIZED_ROWS] = torch.round(wide / rows[:, None]).clamp(-INT8_MAX, INT8_MAX)
+        scales[start : start + QUANTIZED_ROWS] = rows
+    return quantized, scales
 
 
 class Int8Linear(PackedLinear):
