@@ -73,7 +73,9 @@ def test_settings_system_prompt_and_regenerated_replies_are_recorded_as_changes(
     session = make_session()
     chat(session, journal, "Hello!")
     first_reply = session.transcript[-1]["content"]
-    session.update_settings(top_k=5, temperature=1.5)
+    # Seeded: a draw left to the run's random state could repeat the greedy reply, and the journal would rightly
+    # record no new reply.
+    session.update_settings(top_k=5, temperature=1.5, seed=7)
     run(session.regenerate())
     journal.record(session.snapshot(tensors=False), "max_new_tokens")
     session.update_settings(eviction="turn")
@@ -81,7 +83,7 @@ def test_settings_system_prompt_and_regenerated_replies_are_recorded_as_changes(
     journal.record(session.snapshot(tensors=False))
     assert kinds(journal.path) == ["settings", "user", "reply", "settings", "rewind", "reply", "settings", "system"]
     changes = [record["values"] for record in records(journal.path)[1] if record["type"] == "settings"][1:]
-    assert changes == [{"temperature": "1.5", "top_k": "5"}, {"eviction": "turn"}]
+    assert changes == [{"seed": "7", "temperature": "1.5", "top_k": "5"}, {"eviction": "turn"}]
     saved = read_session(journal.path)
     assert saved.messages == session.transcript and saved.messages[1]["content"] != first_reply
     assert saved.settings["top_k"] == "5" and saved.settings["temperature"] == "1.5" and saved.eviction == "turn"
