@@ -128,11 +128,8 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         footprint = model_footprint(config, placement.dtype, quantization.method, defaults.WINDOW, native is not None)
         ensure_fits(source.name, footprint, available_device_memory(placement.device))
     loading = time.perf_counter()
-    weights = None
-    if whole and (gguf is not None or _has_safetensors(directory)):
-        weights = _streamed(directory, gguf, config, placement, quantization, native, options, source.name)
-    if weights is None:  # sharded, spread, pickled, or named otherwise than the model: transformers' own loader
-        weights = _load_pretrained(directory, config, placement, quantization, native, options, source.name)
+    streamable = whole and (gguf is not None or _has_safetensors(directory))
+    weights = _load_weights(directory, gguf, config, placement, quantization, native, options, source.name, streamable)
     quantize_seconds = time.perf_counter() - loading
     tokenizer = _load_tokenizer(directory, options, source.name)
     model = weights.model
@@ -206,7 +203,7 @@ def _local_directory(source: ModelSource, options: LoadOptions, notify: Notify) 
     return source.path
 
 
-def _streamed(
+def _load_weights(
     directory: Path,
     gguf: Path | None,
     config: PreTrainedConfig,
@@ -215,40 +212,32 @@ def _streamed(
     native: NativeKernels | None,
     options: LoadOptions,
     name: str,
-) -> Streamed | None:
-    import torch
-
-    from streamchat.weights.streamed import load_streamed  # imports torch: only once a model loads
-
-    with model_errors(name):
-        return load_streamed(
-            directory=directory,
-            gguf=gguf,
-            config=config,
-            dtype=getattr(torch, placement.dtype),
-            device=torch.device(placement.device),
-            plan=quantization,
-            native=native,
-            attention=attention_implementation(config),
-            packed_root=packed_dir(),
-            trust_remote_code=options.trust_remote_code,
-        )
-
-
-def _load_pretrained(
-    directory: Path,
-    config: PreTrainedConfig,
-    placement: Placement,
-    quantization: QuantizationPlan,
-    native: NativeKernels | None,
-    options: LoadOptions,
-    name: str,
+    streamable: bool,
 ) -> Streamed:
+    """The model with its weights, quantized: read a tensor at a time where `streamable` (one device, safetensors or
+    a GGUF) and the checkpoint names the model's tensors; else through transformers' own loader (sharded, spread,
+    pickled, or named otherwise than the model)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from streamchat.weights.streamed import Streamed
+    from streamchat.weights.streamed import Streamed, load_streamed  # imports torch: only once a model loads
 
+    if streamable:
+        with model_errors(name):
+            streamed = load_streamed(
+                directory=directory,
+                gguf=gguf,
+                config=config,
+                dtype=getattr(torch, placement.dtype),
+                device=torch.device(placement.device),
+                plan=quantization,
+                native=native,
+                attention=attention_implementation(config),
+                packed_root=packed_dir(),
+                trust_remote_code=options.trust_remote_code,
+            )
+        if streamed is not None:
+            return streamed
     if options.tp_size > 1:
         from transformers import DistributedConfig
 

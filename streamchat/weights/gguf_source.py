@@ -38,7 +38,11 @@ class GgufSource:
 
     def __init__(self, path: Path, model: torch.nn.Module) -> None:
         from transformers.integrations.gguf.reader import GgufHeader
-        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            LlamaTensorProcessor,
+            TensorProcessor,
+        )
 
         self.path = path
         try:
@@ -50,7 +54,7 @@ class GgufSource:
         config = model.config.get_text_config(decoder=True).to_dict()
         self._processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config)
         # Grids are read as they are only where the processing is a row permutation (or nothing).
-        self._grids_readable = type(self._processor).__name__ in ("TensorProcessor", "LlamaTensorProcessor")
+        self._grids_readable = type(self._processor) in (TensorProcessor, LlamaTensorProcessor)
         self._gguf_name = _gguf_names(model, header.architecture, set(self._infos))
 
     def names(self) -> Iterable[str]:

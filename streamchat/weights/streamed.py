@@ -1,9 +1,10 @@
 """load_streamed: a model built empty, then filled a layer at a time from its files, or from its packed copy.
 
 Peak memory while loading stays near the model's final size plus one layer in float: the
-weights go from the memory-mapped files (safetensors, GGUF) through the model's dtype to their
-packed form layer by layer (weights/filling.py). A model quantized on the CPU is written once,
-packed, to streamchat's cache (weights/packed_copy.py); later starts read that copy instead.
+weights go from their files (safetensors, GGUF; read a tensor at a time, nothing kept mapped)
+through the model's dtype to their packed form layer by layer (weights/filling.py). A model
+quantized on the CPU is written once, packed, to streamchat's cache (weights/packed_copy.py);
+later starts read that copy instead.
 """
 
 from __future__ import annotations
