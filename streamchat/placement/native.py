@@ -10,14 +10,16 @@
 
 Where torch's CPU kernels leave most of a decode step's time on the table (aten's int4
 and int8 products reread the weights every 4 rows and widen each to float32; a bfloat16
-matrix product costs ~100 us a call whatever its size), these are small C files using AVX-512
-(VNNI for int4), threaded by OpenMP: linked to libgomp, the runtime torch loaded, so they
-share its thread pool. They are built where they can run: Linux on x86-64 with AVX-512 VNNI
-and a C compiler ($CC, else cc) that takes -fopenmp. The shared library goes to streamchat's
-cache dir under a name hashed from the sources and flags, so a machine builds it once (about
-a second), and each kernel is checked against torch before first use. Anywhere else, if the
-build or a check fails, or with STREAMCHAT_NATIVE_KERNELS=0, there are no native kernels and
-every caller keeps torch's (the same results within rounding).
+matrix product costs ~100 us a call whatever its size), these are small C files written once
+against 16-lane vectors (kernels/vectors.h), threaded by OpenMP: linked to libgomp, the runtime
+torch loaded, so they share its thread pool. They are built for the best variant this CPU runs
+(Linux on x86-64, a C compiler, $CC else cc, that takes -fopenmp): AVX-512 with VNNI, else
+AVX2 with FMA and F16C (most laptops' CPUs), the same packed weights for both.
+STREAMCHAT_NATIVE_KERNELS=avx2 asks for a variant by name, =0 for none. The shared library
+goes to streamchat's cache dir under a name hashed from the sources and flags, so a machine
+builds it once (a few seconds), and each kernel is checked against torch before first use.
+Anywhere else, if the build or a check fails, there are no native kernels and every caller
+keeps torch's (the same results within rounding).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,22 +44,55 @@ TILE = 16  # outputs a tile of int4 weights holds: one vector lane each (int4_ro
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = tuple(sorted(KERNELS.glob("*.c")))  # compiled together into one library
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))  # what they share: part of what names a build
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
-FLAGS += ("-mavx512vnni", "-mfma", "-mf16c", "-ffp-contract=off")  # no fused multiply-add where torch rounds twice
-CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}  # as /proc/cpuinfo names them
+# No fused multiply-add where torch rounds twice.
+COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 BUILD_TIMEOUT_S = 120
 # Far above what the kernels' rounding gives (about 0.2 %): a check that finds more is a broken build.
 CHECK_TOLERANCE = 0.02
 
-_INT4_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
-_INT4_ROWS += (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
-_INT8_ROWS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
-_INT8_ROWS += (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
-_ATTENTION = (ctypes.c_void_p,) * 5 + (ctypes.c_int64,) * 11 + (ctypes.c_float, ctypes.c_int, ctypes.c_int)
-_RMS_NORM = (ctypes.c_void_p,) * 3 + (ctypes.c_int64, ctypes.c_int64, ctypes.c_float)
-_DECODE_LAYERS = (ctypes.c_void_p, ctypes.c_int64) + (ctypes.c_void_p,) * 9
-_DECODE_LAYERS += (ctypes.c_float, ctypes.c_float, ctypes.c_int)
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: the instructions it is compiled for, and the CPU flags (as /proc/cpuinfo
+    names them) that must all be there to run it."""
+
+    name: str
+    compiler_flags: tuple[str, ...]
+    cpu_flags: frozenset[str]
+
+
+AVX512 = Variant(
+    "avx512",
+    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c"),
+    frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}),
+)
+AVX2 = Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"}))
+VARIANTS = (AVX512, AVX2)  # the best first: what a CPU gets unless the environment names one
+NO_KERNELS = "0"  # STREAMCHAT_NATIVE_KERNELS=0: torch's kernels only
+
+# kernels.h's C types as ctypes takes them: every pointer is an address (c_void_p), "void" returns nothing.
+_C_TYPES = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "void": None}
+_DECLARATION = re.compile(r"^(\w+)\s+(\w+)\(([^)]*)\);", re.MULTILINE)
 _SHAPE_NOT_TAKEN = 1  # decode_attention's answer for shapes it does not take
+
+
+def kernel_signatures(header: str) -> dict[str, tuple[object, list[object]]]:
+    """Each function kernels.h declares: its ctypes return type and argument types, read from the header
+    itself, so that the bindings cannot drift from the C signatures."""
+    signatures: dict[str, tuple[object, list[object]]] = {}
+    for returned, name, parameters in _DECLARATION.findall(header):
+        arguments = []
+        for parameter in parameters.split(","):
+            words = parameter.replace("*", " * ").split()
+            arguments.append(ctypes.c_void_p if "*" in words else _c_type(words[-2], name))
+        signatures[name] = (_c_type(returned, name), arguments)
+    return signatures
+
+
+def _c_type(spelled: str, function: str) -> object:
+    if spelled not in _C_TYPES:
+        raise ValueError(f"kernels.h: {function} uses the type {spelled}, which has no binding in native.py")
+    return _C_TYPES[spelled]
 
 
 class NativeKernels:
@@ -63,14 +100,13 @@ class NativeKernels:
 
     def __init__(self, library: Path) -> None:
         self.library = library
+        self.variant = library.name.split("-")[2]  # "avx2": _built names a library after its variant
         loaded = ctypes.CDLL(str(library))
+        for name, (returned, arguments) in kernel_signatures((KERNELS / "kernels.h").read_text()).items():
+            function = getattr(loaded, name)
+            function.argtypes, function.restype = arguments, returned
         self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
         self._rms_norm, self._decode_layers = loaded.rms_norm, loaded.decode_layers
-        signatures = ((self._int4_rows, _INT4_ROWS), (self._int8_rows, _INT8_ROWS), (self._attention, _ATTENTION))
-        signatures += ((self._decode_layers, _DECODE_LAYERS),)
-        for function, arguments in signatures:
-            function.argtypes, function.restype = list(arguments), ctypes.c_int
-        self._rms_norm.argtypes, self._rms_norm.restype = list(_RMS_NORM), None
 
     def int4_rows(self, rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         """rows [n, in] (contiguous, float32 or bfloat16) @ W.T for tile-packed int4 W: [n, out], the rows' dtype."""
@@ -181,44 +217,74 @@ def native_in_use() -> NativeKernels | None:
 
 
 @functools.cache
-def load_native_kernels(directory: Path) -> NativeKernels | None:
-    """The kernels, built into `directory` if not there yet; None where they cannot be built or run here."""
-    if os.environ.get(defaults.NATIVE_KERNELS_ENV) == "0" or not _cpu_runs_them():
+def load_native_kernels(directory: Path, asked: str | None = None) -> NativeKernels | None:
+    """The kernels, built into `directory` if not there yet; None where they cannot be built or run here.
+    `asked` names a variant ("avx2"), as STREAMCHAT_NATIVE_KERNELS does when it is None."""
+    variant = chosen_variant(_asked(asked), cpu_flags())
+    if variant is None:
         return None
     try:
-        kernels = NativeKernels(_built(directory))
+        kernels = NativeKernels(_built(directory, variant))
     except (OSError, subprocess.SubprocessError):
         return None
     return kernels if _checks_out(kernels) else None
 
 
-def _cpu_runs_them() -> bool:
+def chosen_variant(asked: str, flags: frozenset[str]) -> Variant | None:
+    """The variant STREAMCHAT_NATIVE_KERNELS names (`asked`: "0" for none, "" or any other value for the
+    best) if a CPU with `flags` runs it, else None."""
+    if asked == NO_KERNELS:
+        return None
+    named = [variant for variant in VARIANTS if variant.name == asked.strip().lower()]
+    return next((variant for variant in named or VARIANTS if variant.cpu_flags <= flags), None)
+
+
+def native_kernels_run_here() -> bool:
+    """Whether load_native_kernels can be expected to give kernels here: a variant this CPU runs (and the
+    environment allows), and a C compiler to build it. Nothing is built."""
+    return chosen_variant(_asked(None), cpu_flags()) is not None and _compiler() is not None
+
+
+def _asked(asked: str | None) -> str:
+    return os.environ.get(defaults.NATIVE_KERNELS_ENV, "") if asked is None else asked
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction set flags every processor of this machine lists; none where the kernels cannot run
+    (not Linux on x86-64) or the flags cannot be read."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
-        return False
+        return frozenset()
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return CPU_FLAGS.issubset(flags)
+        return frozenset()
+    lines = [line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")]
+    return frozenset.intersection(*map(frozenset, lines)) if lines else frozenset()
 
 
-def _built(directory: Path) -> Path:
+def _built(directory: Path, variant: Variant) -> Path:
     """The shared library of these sources and flags, compiled once: a finished build is renamed in whole."""
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS) + " ".join(FLAGS).encode())
-    library = directory / f"streamchat-kernels-{digest.hexdigest()[:16]}.so"
+    flags = COMMON_FLAGS + variant.compiler_flags
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS) + " ".join(flags).encode())
+    library = directory / f"streamchat-kernels-{variant.name}-{digest.hexdigest()[:16]}.so"
     if library.exists():
         return library
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         raise OSError("no C compiler")
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as building:
         partial = Path(building) / library.name
-        command = [compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)]
+        command = [compiler, *flags, "-o", str(partial), *map(str, SOURCES)]
         subprocess.run(command, capture_output=True, check=True, timeout=BUILD_TIMEOUT_S)
         os.replace(partial, library)
     return library
+
+
+def _compiler() -> str | None:
+    """$CC if it names a program that is there, else cc or gcc; None without one."""
+    named = os.environ.get("CC")
+    return shutil.which(named) if named else shutil.which("cc") or shutil.which("gcc")
 
 
 def _checks_out(kernels: NativeKernels) -> bool:

@@ -7,7 +7,7 @@ cached). Activations stay in the model's dtype; only weights are stored in fewer
 
 Why these schemes (measured on the CI CPU in eager mode, default model; README, Benchmarks):
 
-- int4 on CPU is TiledInt4Linear (streamchat's own AVX-512 VNNI kernel, placement/native.py)
+- int4 on CPU is TiledInt4Linear (streamchat's own kernel, AVX-512 VNNI or AVX2, placement/native.py)
   where the kernels build, else Int4Linear (aten's _weight_int4pack_mm_for_cpu, called
   directly: torchao's Int4OpaqueTensor reaches the same kernel through a tensor subclass
   whose dispatch cost ate the gain). Groups of 32 are the groups of the GGUF Q4_1 blocks

@@ -121,8 +121,10 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     assert first.returncode == 0, first.stderr
     assert first.stderr.startswith(f"Reading {defaults.DEFAULT_MODEL_GGUF}'s tokenizer and config once, into ")
     rows = [line.rstrip() for line in first.stdout.splitlines()]
-    # The CPU defaults: bfloat16 with int4 weights where the CPU has bf16 natively, else float32 unquantized.
-    native_bf16 = detect_accelerators().cpu_bf16
+    # The CPU defaults: bfloat16 with int4 weights where the CPU has bf16 natively or runs streamchat's kernels,
+    # else float32 unquantized.
+    accelerators = detect_accelerators()
+    native_bf16 = accelerators.cpu_bf16 or accelerators.cpu_kernels
     dtype = "bfloat16" if native_bf16 else "float32"
     assert rows[:10] == [
         f"model          {defaults.DEFAULT_MODEL}",
@@ -264,7 +266,8 @@ def test_an_unsupported_architecture_names_the_supported_ones(unsupported_dir: P
 
 
 def test_a_model_too_large_for_memory_is_refused_before_loading(too_large_dir: Path):
-    result = streamchat("info", "-m", str(too_large_dir))
+    # float32 whatever the CPU: unquantized, so the advice includes int4.
+    result = streamchat("info", "-m", str(too_large_dir), "--dtype", "float32")
     assert (result.returncode, result.stdout) == (6, "")
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"error: {too_large_dir} needs about ")

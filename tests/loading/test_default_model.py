@@ -35,9 +35,10 @@ def test_the_default_model_converts_once_then_loads_from_the_copy():
     assert second.directory == first.directory
     assert (second.source.kind, second.source.name) == ("gguf", defaults.DEFAULT_MODEL)
     assert (second.model_type, second.parameters, second.max_context) == ("llama", 134_515_008, 8192)
-    # The run defaults on a CPU: bfloat16 with int4 weights where bf16 is native (placement/device.py),
-    # else float32 unquantized (placement/quantization.py).
-    native_bf16 = detect_accelerators().cpu_bf16
+    # The run defaults on a CPU: bfloat16 with int4 weights where bf16 is native or streamchat's kernels run
+    # (placement/device.py), else float32 unquantized (placement/quantization.py).
+    accelerators = detect_accelerators()
+    native_bf16 = accelerators.cpu_bf16 or accelerators.cpu_kernels
     assert (second.device, second.dtype) == (torch.device("cpu"), torch.bfloat16 if native_bf16 else torch.float32)
     assert second.quantization == ("int4" if native_bf16 else "none")
     assert second.has_chat_template

@@ -1,3 +1,4 @@
+import ctypes
 import shutil
 from pathlib import Path
 
@@ -5,25 +6,71 @@ import pytest
 import torch
 
 from streamchat.placement.attention import decode_attention, decode_mask
-from streamchat.placement.native import NativeKernels, load_native_kernels, use_native_kernels
+from streamchat.placement.native import (
+    AVX512,
+    KERNELS,
+    NativeKernels,
+    chosen_variant,
+    kernel_signatures,
+    load_native_kernels,
+    use_native_kernels,
+)
 
 HIDDEN = torch.finfo(torch.float32).min
 
 
-def fresh_load(directory: Path, monkeypatch: pytest.MonkeyPatch, **environment: str) -> NativeKernels | None:
+def fresh_load(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, asked: str | None = None, **environment: str
+) -> NativeKernels | None:
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     load_native_kernels.cache_clear()
     try:
-        return load_native_kernels(directory)
+        return load_native_kernels(directory, asked)
     finally:
         load_native_kernels.cache_clear()
 
 
 def test_they_are_built_once_and_reused(kernels, tmp_path, monkeypatch):
     shutil.copy(kernels.library, tmp_path / kernels.library.name)
-    reused = fresh_load(tmp_path, monkeypatch, CC="false")  # a compiler that fails: nothing is compiled
+    # A compiler that fails: nothing is compiled.
+    reused = fresh_load(tmp_path, monkeypatch, asked=kernels.variant, CC="false")
     assert reused is not None and reused.library == tmp_path / kernels.library.name
+
+
+AVX512_CPU = AVX512.cpu_flags | {"avx2", "sse4_2"}
+AVX2_CPU = frozenset({"avx", "avx2", "fma", "f16c", "sse4_2"})
+
+
+@pytest.mark.parametrize(
+    ("asked", "flags", "chosen"),
+    [
+        ("", AVX512_CPU, "avx512"),  # the best this CPU runs
+        ("", AVX2_CPU, "avx2"),
+        ("", frozenset({"avx", "sse4_2"}), None),  # no FMA, no AVX2: none
+        ("avx2", AVX512_CPU, "avx2"),  # named: forced where the CPU runs it
+        (" AVX2 ", AVX512_CPU, "avx2"),
+        ("avx512", AVX2_CPU, None),  # named, but not run here
+        ("0", AVX512_CPU, None),
+        ("1", AVX2_CPU, "avx2"),  # any other value: the best
+    ],
+)
+def test_the_variant_is_the_best_the_cpu_runs_unless_the_environment_names_one(asked, flags, chosen):
+    variant = chosen_variant(asked, flags)
+    assert (variant.name if variant else None) == chosen
+
+
+def test_the_bindings_are_read_from_the_header():
+    signatures = kernel_signatures((KERNELS / "kernels.h").read_text())
+    assert set(signatures) == {"int4_rows", "int8_rows", "decode_attention", "rms_norm", "decode_layers"}
+    returned, arguments = signatures["rms_norm"]
+    assert returned is None
+    assert arguments == [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
+    returned, arguments = signatures["int4_rows"]
+    assert returned is ctypes.c_int and len(arguments) == 10 and arguments[-2:] == [ctypes.c_int, ctypes.c_int]
+    assert len(signatures["decode_attention"][1]) == 19 and len(signatures["decode_layers"][1]) == 14
+    with pytest.raises(ValueError, match="rows uses the type double, which has no binding"):
+        kernel_signatures("int rows(const void *x, double scale);")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-/* One decode query per row attending over a cache, on AVX-512 CPUs: streamchat's own attention kernel.
+/* One decode query per row attending over a cache: streamchat's own attention kernel.
 
    Built and loaded by streamchat/placement/native.py; called by streamchat/placement/attention.py.
 
@@ -18,6 +18,7 @@
 #include "bfloat16.h"
 #include "kernels.h"
 #include "vector_exp.h"
+#include "vectors.h"
 
 #define CHUNK 256
 #define MAX_GROUPS 16
@@ -45,38 +46,37 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
     const int64_t value_at = b * c->value_batch + h * c->value_head + first * c->value_dim;
     const float *mask = c->mask ? c->mask + b * c->mask_batch + first : NULL;
     for (int64_t g = 0; g < c->groups; g++) {
-        __m512 q[MAX_DIM / 16];
-        for (int64_t d = 0; d < dim_vectors; d++) q[d] = _mm512_loadu_ps(query + g * c->dim + 16 * d);
+        floats16 q[MAX_DIM / 16];
+        for (int64_t d = 0; d < dim_vectors; d++) q[d] = loadu_16(query + g * c->dim + 16 * d);
         float largest = -INFINITY;
         for (int64_t i = 0; i < count; i++) {
-            __m512 dot = _mm512_setzero_ps();
+            floats16 dot = zeros_16();
             for (int64_t d = 0; d < dim_vectors; d++)
-                dot = _mm512_fmadd_ps(q[d], load_16(c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);
+                dot = fmadd_16(q[d], load_16(c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);
             float added = mask ? mask[i] : 0.0f;
-            float score = added <= HIDDEN ? -INFINITY : _mm512_reduce_add_ps(dot) + added;
+            float score = added <= HIDDEN ? -INFINITY : sum_16(dot) + added;
             scores[i] = score;
             largest = score > largest ? score : largest;
         }
         maximum[g] = largest;
-        __m512 acc[MAX_DIM / 16];
-        for (int64_t d = 0; d < value_vectors; d++) acc[d] = _mm512_setzero_ps();
+        floats16 acc[MAX_DIM / 16];
+        for (int64_t d = 0; d < value_vectors; d++) acc[d] = zeros_16();
         float sum = 0.0f;
         if (largest != -INFINITY) {
             for (int64_t i = 0; i < count; i += 16) {
-                __mmask16 part = count - i >= 16 ? 0xFFFF : (__mmask16)((1u << (count - i)) - 1);
-                __m512 shifted = _mm512_sub_ps(_mm512_maskz_loadu_ps(part, scores + i), _mm512_set1_ps(largest));
-                __m512 weights = _mm512_maskz_mov_ps(part, exp_16(shifted));
-                _mm512_mask_storeu_ps(scores + i, part, weights);
-                sum += _mm512_reduce_add_ps(weights);
+                floats16 shifted = sub_16(load_first_16(scores + i, count - i), splat_16(largest));
+                floats16 weights = keep_first_16(exp_16(shifted), count - i);
+                store_first_16(scores + i, weights, count - i);
+                sum += sum_16(weights);
             }
             for (int64_t i = 0; i < count; i++) {
-                __m512 weight = _mm512_set1_ps(scores[i]);
+                floats16 weight = splat_16(scores[i]);
                 for (int64_t d = 0; d < value_vectors; d++)
-                    acc[d] = _mm512_fmadd_ps(weight, load_16(c->values, c->bf16, value_at + i * c->value_dim + 16 * d), acc[d]);
+                    acc[d] = fmadd_16(weight, load_16(c->values, c->bf16, value_at + i * c->value_dim + 16 * d), acc[d]);
             }
         }
         total[g] = sum;
-        for (int64_t d = 0; d < value_vectors; d++) _mm512_storeu_ps(out + g * c->value_dim + 16 * d, acc[d]);
+        for (int64_t d = 0; d < value_vectors; d++) storeu_16(out + g * c->value_dim + 16 * d, acc[d]);
     }
 }
 

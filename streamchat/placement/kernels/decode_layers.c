@@ -25,6 +25,7 @@
 #include "bfloat16.h"
 #include "kernels.h"
 #include "vector_exp.h"
+#include "vectors.h"
 
 /* A projection's three fields: tile-packed nibbles, params, and a bfloat16 bias or 0. */
 enum { NIBBLES, PARAMS, BIAS, PROJECTION_FIELDS };
@@ -112,24 +113,22 @@ static void write_cache(const int64_t *layer, const int64_t *dims, const uint16_
 
 /* act [n] <- bf16(bf16(silu(gate)) * up), gate_up = [gate | up]; n a multiple of 16. */
 static void gated(const uint16_t *gate_up, int64_t n, uint16_t *act) {
-    const __m512 one = _mm512_set1_ps(1.0f);
+    const floats16 one = splat_16(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
-        __m512 x = load_16(gate_up, 1, i);
+        floats16 x = load_16(gate_up, 1, i);
         /* silu(x) = x / (1 + e^-x), as x * e^x / (1 + e^x) below 0: exp_16 only takes x <= 0. */
-        __m512 e = exp_16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
-        __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-        __m512 numerator = _mm512_mask_mul_ps(x, negative, x, e);
-        __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
-        __m512 rounded = widen_16(narrow_16(silu));
-        _mm256_storeu_si256((__m256i *)(act + i), narrow_16(_mm512_mul_ps(rounded, load_16(gate_up, 1, n + i))));
+        floats16 e = exp_16(sub_16(zeros_16(), abs_16(x)));
+        floats16 numerator = where_negative_16(x, mul_16(x, e), x);
+        floats16 silu = div_16(numerator, add_16(one, e));
+        floats16 rounded = widen_16(narrow_16(silu));
+        store_bf16_16(act + i, mul_16(rounded, load_16(gate_up, 1, n + i)));
     }
 }
 
 /* hidden <- bf16(hidden + delta). */
 static void add_residual(uint16_t *hidden, const uint16_t *delta, int64_t n) {
     for (int64_t i = 0; i < n; i += 16)
-        _mm256_storeu_si256((__m256i *)(hidden + i),
-                            narrow_16(_mm512_add_ps(load_16(hidden, 1, i), load_16(delta, 1, i))));
+        store_bf16_16(hidden + i, add_16(load_16(hidden, 1, i), load_16(delta, 1, i)));
 }
 
 /* Returns 0; 1 for sizes it does not take (hidden or intermediate not a multiple of 16, head_dim over 512),

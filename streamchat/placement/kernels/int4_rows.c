@@ -1,4 +1,4 @@
-/* int4 weights times a few activation rows on AVX-512 VNNI CPUs: streamchat's own product kernel.
+/* int4 weights times a few activation rows: streamchat's own product kernel.
 
    Built and loaded by streamchat/placement/native.py; packed by streamchat/placement/native_layers.py.
 
@@ -7,7 +7,8 @@
    two int8 parts, a = step_a * (a1 + a2 / RESIDUAL_SCALE): a1 as llama.cpp's Q8 blocks (absmax / 127),
    a2 what a1 rounded off, so the pair keeps about 16 bits of each value (a1 alone lost 1 % of the
    default model's perplexity). A group's sum is step_w * step_a * (q . a1 + q . a2 / RESIDUAL_SCALE) +
-   minimum * sum(a): VNNI multiplies 64 unsigned levels by 64 signed bytes in one instruction.
+   minimum * sum(a): AVX-512 VNNI multiplies 64 unsigned levels by 64 signed bytes in one instruction
+   (AVX2 in three, vectors_avx2.h).
 
    Weights are packed in tiles of 16 outputs, so that a vector's 16 lanes are 16 outputs and no sum
    needs a horizontal reduction: nibbles [n / 16, k / 32, 256] where byte 64 p + 4 o + j of a group holds
@@ -19,75 +20,61 @@
 
 #include "bfloat16.h"
 #include "kernels.h"
+#include "vectors.h"
 
 #define TILE 16
 #define GROUP 32
 #define GROUP_BYTES 256 /* a tile's group: 16 outputs x 32 inputs, two to a byte */
-#define ROW_BLOCK 8     /* rows one pass over a tile computes: 8 accumulators, 8 weight vectors, in registers */
+#define MAX_ROW_BLOCK 8 /* the most rows a pass takes (vectors.h's INT4_ROW_BLOCK) */
 #define RESIDUAL_SCALE 254.0f /* what a1 rounded off, within +-0.5, times this fits an int8 */
 
-static inline void store_levels(int8_t *at, __m512 scaled, __m512 residual_scale, int8_t *residuals) {
-    __m512 rounded = _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128((__m128i *)at, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(rounded)));
-    __m512 rest = _mm512_mul_ps(_mm512_sub_ps(scaled, rounded), residual_scale);
-    _mm_storeu_si128((__m128i *)residuals, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(rest)));
+static inline void store_levels(int8_t *at, floats16 scaled, floats16 residual_scale, int8_t *residuals) {
+    floats16 rounded = round_16(scaled);
+    store_int8_16(at, rounded);
+    store_int8_16(residuals, mul_16(sub_16(scaled, rounded), residual_scale));
 }
 
 /* Each row's groups as int8 levels and residuals, each group's step and the exact sum of its values. */
 static void quantize_rows(const void *x, int x_bf16, int64_t rows, int64_t k, int8_t *levels, int8_t *residuals,
                           float *steps, float *sums) {
-    const __m512 residual_scale = _mm512_set1_ps(RESIDUAL_SCALE);
+    const floats16 residual_scale = splat_16(RESIDUAL_SCALE);
     int64_t groups = k / GROUP;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t g = 0; g < groups; g++) {
             int64_t at = r * k + g * GROUP;
-            __m512 low = load_16(x, x_bf16, at), high = load_16(x, x_bf16, at + 16);
-            float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+            floats16 low = load_16(x, x_bf16, at), high = load_16(x, x_bf16, at + 16);
+            float largest = largest_16(max_16(abs_16(low), abs_16(high)));
             float step = largest / 127.0f;
-            __m512 inverse = _mm512_set1_ps(step > 0.0f ? 1.0f / step : 0.0f);
-            store_levels(levels + at, _mm512_mul_ps(low, inverse), residual_scale, residuals + at);
-            store_levels(levels + at + 16, _mm512_mul_ps(high, inverse), residual_scale, residuals + at + 16);
+            floats16 inverse = splat_16(step > 0.0f ? 1.0f / step : 0.0f);
+            store_levels(levels + at, mul_16(low, inverse), residual_scale, residuals + at);
+            store_levels(levels + at + 16, mul_16(high, inverse), residual_scale, residuals + at + 16);
             steps[r * groups + g] = step;
-            sums[r * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
+            sums[r * groups + g] = sum_16(add_16(low, high));
         }
     }
 }
 
-/* One tile's 16 outputs for `rows` (<= ROW_BLOCK) rows; `rows` is a constant where this is inlined. */
+/* One tile's 16 outputs for `rows` (<= INT4_ROW_BLOCK) rows; `rows` is a constant where this is inlined. */
 static inline __attribute__((always_inline)) void tile_rows(const int rows, int64_t groups, const uint8_t *nibbles,
                                                             const uint16_t *params, const int8_t *levels,
                                                             const int8_t *residuals, const float *steps,
                                                             const float *sums, int64_t k, float *result) {
-    __m512 sum[ROW_BLOCK];
-    for (int r = 0; r < rows; r++) sum[r] = _mm512_setzero_ps();
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-    const __m512 residual_part = _mm512_set1_ps(1.0f / RESIDUAL_SCALE);
+    floats16 sum[MAX_ROW_BLOCK];
+    for (int r = 0; r < rows; r++) sum[r] = zeros_16();
+    const floats16 residual_part = splat_16(1.0f / RESIDUAL_SCALE);
     for (int64_t g = 0; g < groups; g++) {
-        __m512i weights[8]; /* inputs 4 j .. 4 j + 3 of the group, for the 16 outputs */
-        for (int p = 0; p < 4; p++) {
-            __m512i packed = _mm512_loadu_si512((const void *)(nibbles + g * GROUP_BYTES + 64 * p));
-            weights[2 * p] = _mm512_and_si512(packed, low_nibbles);
-            weights[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-        }
-        __m512 step = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(params + g * 2 * TILE)));
-        __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(params + g * 2 * TILE + TILE)));
+        ints16 dot[MAX_ROW_BLOCK], rest_dot[MAX_ROW_BLOCK];
+        group_dots_16(rows, nibbles + g * GROUP_BYTES, levels + g * GROUP, residuals + g * GROUP, k, dot, rest_dot);
+        floats16 step = widen_half_16(params + g * 2 * TILE);
+        floats16 minimum = widen_half_16(params + g * 2 * TILE + TILE);
         for (int r = 0; r < rows; r++) {
-            const int8_t *row = levels + r * k + g * GROUP, *rest = residuals + r * k + g * GROUP;
-            __m512i dot = _mm512_setzero_si512(), rest_dot = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++) {
-                int32_t four, rest_four;
-                memcpy(&four, row + 4 * j, sizeof four);
-                memcpy(&rest_four, rest + 4 * j, sizeof rest_four);
-                dot = _mm512_dpbusd_epi32(dot, weights[j], _mm512_set1_epi32(four));
-                rest_dot = _mm512_dpbusd_epi32(rest_dot, weights[j], _mm512_set1_epi32(rest_four));
-            }
-            __m512 scale = _mm512_mul_ps(step, _mm512_set1_ps(steps[r * groups + g]));
-            sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sum[r]);
-            sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rest_dot), _mm512_mul_ps(scale, residual_part), sum[r]);
-            sum[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[r * groups + g]), sum[r]);
+            floats16 scale = mul_16(step, splat_16(steps[r * groups + g]));
+            sum[r] = fmadd_16(int_to_floats_16(dot[r]), scale, sum[r]);
+            sum[r] = fmadd_16(int_to_floats_16(rest_dot[r]), mul_16(scale, residual_part), sum[r]);
+            sum[r] = fmadd_16(minimum, splat_16(sums[r * groups + g]), sum[r]);
         }
     }
-    for (int r = 0; r < rows; r++) _mm512_storeu_ps(result + r * TILE, sum[r]);
+    for (int r = 0; r < rows; r++) storeu_16(result + r * TILE, sum[r]);
 }
 
 typedef void (*tile_function)(int64_t, const uint8_t *, const uint16_t *, const int8_t *, const int8_t *,
@@ -99,7 +86,7 @@ typedef void (*tile_function)(int64_t, const uint8_t *, const uint16_t *, const 
         tile_rows(n, groups, nibbles, params, levels, residuals, steps, sums, k, result);                     \
     }
 TILE_ROWS(1) TILE_ROWS(2) TILE_ROWS(3) TILE_ROWS(4) TILE_ROWS(5) TILE_ROWS(6) TILE_ROWS(7) TILE_ROWS(8)
-static const tile_function TILE_ROWS_OF[ROW_BLOCK + 1] = {
+static const tile_function TILE_ROWS_OF[MAX_ROW_BLOCK + 1] = {
     0, tile_rows_1, tile_rows_2, tile_rows_3, tile_rows_4, tile_rows_5, tile_rows_6, tile_rows_7, tile_rows_8};
 
 /* x [rows, k] (bfloat16 if x_bf16, else float32) @ W.T -> out [rows, n] (bfloat16 if out_bf16, else float32).
@@ -117,9 +104,9 @@ int int4_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t 
     quantize_rows(x, x_bf16, rows, k, levels, residuals, steps, sums);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
-        float result[ROW_BLOCK * TILE];
-        for (int64_t first = 0; first < rows; first += ROW_BLOCK) {
-            int block = rows - first < ROW_BLOCK ? (int)(rows - first) : ROW_BLOCK;
+        float result[MAX_ROW_BLOCK * TILE];
+        for (int64_t first = 0; first < rows; first += INT4_ROW_BLOCK) {
+            int block = rows - first < INT4_ROW_BLOCK ? (int)(rows - first) : INT4_ROW_BLOCK;
             TILE_ROWS_OF[block](groups, nibbles + t * groups * GROUP_BYTES, params + t * groups * 2 * TILE,
                                 levels + first * k, residuals + first * k, steps + first * groups,
                                 sums + first * groups, k, result);

@@ -1,4 +1,5 @@
-/* int8 weights (one scale per output row) times a few activation rows on AVX-512 VNNI CPUs: the output head.
+/* int8 weights (one scale per output row) times a few activation rows on AVX-512 VNNI CPUs: the output head
+   (int8_rows_avx2.c on CPUs without AVX-512).
 
    Built and loaded by streamchat/placement/native.py; packed by streamchat/placement/native_layers.py.
 
@@ -8,10 +9,12 @@
    0..255) and 128 * sum_i W[o, i] comes off after. Weights are packed in tiles of 16 outputs, a vector
    holding 4 inputs of each: packed [n / 16, k / 4, 16, 4]; each tile is read once for up to ROW_BLOCK rows
    (aten's int8 kernel widens every weight to float32 and rereads them every 4 rows). */
+#if defined(__AVX512F__)
 #include <stdlib.h>
+#include <string.h>
 
-#include "bfloat16.h"
 #include "kernels.h"
+#include "vectors.h"
 
 #define TILE 16
 #define ROW_BLOCK 8
@@ -93,3 +96,4 @@ int int8_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const int8_t *
     free(levels), free(steps);
     return 0;
 }
+#endif
