@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from streamchat import defaults
-from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache import SinkCache
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import EndlessReply
-from streamchat.generation.prompt_reading import Reading
+from streamchat.generation.prompt_reading import Reading, read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.bandwidth import synchronize
@@ -56,8 +56,8 @@ def decoding_engine(model: Any, rows: int, context: int, window: int) -> Engine:
     for row in range(rows):
         cache = SinkCache.for_model(model, SINKS, window)
         decoder = Decoder(cache)
-        *_, last = prefill_chunks(model, cache, random_ids(context, vocab, row, device), defaults.PREFILL_CHUNK)
-        decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(row))
+        logits = read_prompt(model, cache, random_ids(context, vocab, row, device)[0].tolist())
+        decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(row))
         engine.submit(EndlessReply(decoder))
     for _ in range(2):  # the first step joins the pool; the second runs as every later one
         engine.step()
@@ -82,8 +82,7 @@ def prompts_ms(model: Any, prompts: int, length: int, window: int, seed: int) ->
     for index in range(prompts):
         cache = SinkCache.for_model(model, SINKS, window)
         ids = random_ids(SINKS + length, vocab, seed + index, device)
-        for _ in prefill_chunks(model, cache, ids[:, :SINKS], defaults.PREFILL_CHUNK):  # the system turn, before
-            pass
+        read_prompt(model, cache, ids[0, :SINKS].tolist())  # the system turn, before
         prompt = [(ids[0, SINKS:].tolist(), 0)]
         readings.append(Reading(cache, prompt, NO_LABEL, defaults.PREFILL_CHUNK, lambda eviction: eviction))
     synchronize(device)

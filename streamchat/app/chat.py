@@ -67,7 +67,7 @@ class ChatApp:
         while (line := self.prompter.read()) is not None:
             try:
                 item = commands.parse_line(line)
-                if isinstance(item, commands.Message):
+                if isinstance(item, commands.ChatText):
                     if item.text.strip():
                         self.journal.record_user(self.session.snapshot(tensors=False), item.text)
                         self.turn(self.session.chat(item.text))

@@ -72,8 +72,8 @@ class Quit:
 
 
 @dataclass(frozen=True)
-class Message:
-    """Text for the model (with the "//" escape undone); may be "" for an empty line."""
+class ChatText:
+    """A line that is no command: text for the model (with the "//" escape undone); may be "" for an empty line."""
 
     text: str
 
@@ -126,13 +126,13 @@ _SPECS = {spec.name: spec for spec in COMMANDS}
 _NAMES = (*_SPECS, *ALIASES)
 
 
-def parse_line(line: str) -> Command | Message:
+def parse_line(line: str) -> Command | ChatText:
     """A command for a "/name ..." line, else the message to send; CommandError for a bad command."""
     text = line.strip()
     if text.startswith("//"):
-        return Message(text[1:])
+        return ChatText(text[1:])
     if not text.startswith("/") or len(text) == 1 or text[1].isspace():
-        return Message(text)
+        return ChatText(text)
     word, *rest = text[1:].split(maxsplit=1)
     name = word.lower()
     spec = _SPECS.get(ALIASES.get(name, name))

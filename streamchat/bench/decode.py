@@ -39,9 +39,11 @@ from rich.markup import escape
 
 from streamchat import defaults
 from streamchat.bench.options import require_at_least
-from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache import SinkCache
+from streamchat.conversation.message import Message
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.aten_calls import decode_aten_calls_per_token
@@ -159,13 +161,13 @@ def contenders(defaults_setting: Setting, device_type: str, compiled: bool) -> l
 
 
 def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str | None = None) -> float:
-    """Seconds per decode step of streamchat's token loop as `run` decodes, greedy, after the prompt: the engine's
-    step, one row (compiled with `compile_backend`)."""
+    """Seconds per decode step of streamchat's token loop as `run` decodes, greedy, after the prompt (read as the
+    chat reads one): the engine's step, one row (compiled with `compile_backend`)."""
     model = subject.model
     cache = SinkCache.for_model(model, sizes.sinks, sizes.window)
     decoder = Decoder(cache)
-    *_, last = prefill_chunks(model, cache, subject.ids, defaults.PREFILL_CHUNK)
-    decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
+    logits = read_prompt(model, cache, subject.ids[0].tolist())
+    decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
     step = engine_step(model, decoder, compile_backend)
     step()  # the first step: it compiles, when compiling
     synchronize(subject.device)
@@ -216,7 +218,7 @@ def generate_decode(subject: Subject, sizes: DecodeSizes) -> float:
 
 def prompt_ids(tokenizer: Any, device: torch.device) -> torch.Tensor:
     """The chat prompt as the model's template renders it: ids [1, n]."""
-    messages = [{"role": "user", "content": PROMPT}]
+    messages: list[Message] = [{"role": "user", "content": PROMPT}]
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
 

@@ -23,12 +23,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from streamchat import defaults
 from streamchat.bench.options import require_at_least
-from streamchat.cache import SinkCache, forward
-from streamchat.cache.feeding import chunk_sizes
+from streamchat.cache import SinkCache
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.kept_prefix import Keep, kept_tokens
 from streamchat.conversation.message import Message
@@ -36,6 +33,7 @@ from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
+from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.perplexity import answer_log_prob
 from streamchat.measure.report import Check, Column, Row
@@ -115,19 +113,11 @@ def read_with(model: Any, tokenizer: Any, conversation: list[Message], keep: Kee
     log_probs = []
     for index in range(0, len(conversation), 2):
         user, reply = conversation[index], conversation[index + 1]
-        _feed(model, cache, chat_format.prompt_ids(user["content"], first_turn=index == 0), device)
-        _feed(model, cache, chat_format.reply_ids(reply["content"]), device)
+        read_prompt(model, cache, chat_format.prompt_ids(user["content"], first_turn=index == 0))
+        read_prompt(model, cache, chat_format.reply_ids(reply["content"]))
         log_probs.append(answer_log_prob(model, cache, question, answer, device))
     evicted = cache.stats().evicted
     return KeepRun(keep, cache.sinks, window, log_probs, evicted, time.perf_counter() - started)
-
-
-def _feed(model: Any, cache: SinkCache, ids: list[int], device: torch.device) -> None:
-    """Feed ids through the cache in passes of at most the chat's prefill size, as the chat does."""
-    start = 0
-    for size in chunk_sizes(len(ids), cache, defaults.PREFILL_CHUNK):
-        forward(model, cache, torch.tensor([ids[start : start + size]], device=device))
-        start += size
 
 
 # ---- what the runs show ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from streamchat.cache.feeding import FedChunk, Forwarded, forward, prefill_chunks
+    from streamchat.cache.feeding import Forwarded, forward
     from streamchat.cache.layers import LayerSpec, layer_specs
     from streamchat.cache.ledger import CacheStats, Eviction
     from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
@@ -18,10 +18,8 @@ if TYPE_CHECKING:
 _HOMES = {
     "CacheStats": "ledger",
     "Eviction": "ledger",
-    "FedChunk": "feeding",
     "Forwarded": "feeding",
     "forward": "feeding",
-    "prefill_chunks": "feeding",
     "LayerSpec": "layers",
     "SinkCache": "sink_cache",
     "Step": "sink_cache",
@@ -32,7 +30,6 @@ _HOMES = {
 __all__ = [
     "CacheStats",
     "Eviction",
-    "FedChunk",
     "Forwarded",
     "LayerSpec",
     "SinkCache",
@@ -40,7 +37,6 @@ __all__ = [
     "StepInputs",
     "forward",
     "layer_specs",
-    "prefill_chunks",
 ]
 
 

@@ -25,9 +25,8 @@ few hundred of the default model's 2,004), not its whole capacity.
 
 Members may differ in sinks (each conversation's kept prefix): the pool's rows are as wide
 as the widest member, a narrower member views the first columns of its row, and the
-columns past its own are masked. With `fixed_rows`, a step runs a power-of-two number of
-rows (1, 2, 4, 8, ...), the rows past the members padding that write only into rows
-nobody views, so each bucket has one shape (for a compiled step).
+columns past its own are masked. The pool grows a power of two rows at a time (1, 2, 4, 8,
+...); a step runs only its members' rows.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ from streamchat.errors import CacheStateError
 class BatchStep:
     """An open batched decode step: what the model runs with, and each member's eviction, in row order."""
 
-    input_ids: torch.Tensor  # [rows, 1], padding rows included
+    input_ids: torch.Tensor  # [members, 1]
     inputs: StepInputs  # position_ids [rows, 1]; masks [rows, 1, 1, slots]
     evictions: list[Eviction | None]  # one per member
 
@@ -61,8 +60,8 @@ class BatchStep:
 class _Active:
     """The device tensors of the step under way, read by update() for every layer."""
 
-    rows: int  # members and padding
-    width: int  # the sink layers' slots attention reads: as far as any row has written (all, with fixed rows)
+    rows: int  # the members
+    width: int  # the sink layers' slots attention reads: as far as any row has written
     sliding_width: int
     write: torch.Tensor  # [rows] the slot each row writes in the sink layers
     sliding_write: torch.Tensor | None  # [rows] in the sliding layers
@@ -71,16 +70,15 @@ class _Active:
 
 
 def bucket(count: int) -> int:
-    """The power of two a step of `count` rows runs as, with fixed rows: 1, 2, 4, 8, ..."""
+    """The rows a pool for `count` members is allocated with: the power of two at or above it (1, 2, 4, 8, ...)."""
     return 1 << max(0, count - 1).bit_length()
 
 
 class CacheBatch(Cache):
     """The transformers Cache a batched decode step is called with; its members are SinkCaches."""
 
-    def __init__(self, fixed_rows: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__(layers=[])
-        self.fixed_rows = fixed_rows
         self.members: list[SinkCache] = []
         self._keys: list[torch.Tensor] = []  # per layer [pool rows, heads, width, dim]
         self._values: list[torch.Tensor] = []
@@ -207,17 +205,16 @@ class CacheBatch(Cache):
         return keys, values
 
     def decode_storage(self) -> DecodeStorage | None:
-        """The open step's rows (padding included) as a kernel that writes every layer itself takes them; None
+        """The open step's rows as a kernel that writes every layer itself takes them; None
         outside a step, or where a layer slides or layers rotate by more than one table."""
         active = self._active
         if active is None or len(active.rotations) != 1 or any(each is None for each in self._pristine):
             return None
         rows = active.rows
         cos, sin = next(iter(active.rotations.values()))  # [rows, 1, 1, rotary_dim]
-        sinks = [member.sinks for member in self.members] + [0] * (rows - len(self.members))
         return DecodeStorage(
             active.write,
-            torch.tensor(sinks),
+            torch.tensor([member.sinks for member in self.members]),
             active.width,
             [keys[:rows] for keys in self._keys],
             [values[:rows] for values in self._values],
@@ -241,36 +238,28 @@ class CacheBatch(Cache):
     def _open(self, tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, StepInputs]:
         """Every member's slots marked and scalars sent (their decode_step() is open): the step's inputs."""
         members = self.members
-        count = len(members)
-        rows = bucket(count) if self.fixed_rows else count
+        rows = len(members)
         first = members[0]
         device = first.device
         for member, token in zip(members, tokens, strict=True):
             member.occupancy.take_decode_step(token.reshape(1, 1))
-        padding = rows - count
         scalars = torch.stack([member.occupancy.scalars for member in members])  # [members, 6]
-        if padding:
-            scalars = torch.cat((scalars, scalars.new_zeros(padding, scalars.shape[1])))
-        input_ids = torch.cat([token.reshape(1) for token in tokens] + [scalars.new_zeros(padding)])[:, None]
-        # Attention reads as far as the furthest row has written (a short conversation's slots past
-        # that are empty in every row); with fixed rows, always the whole width (one shape a bucket).
-        width, sliding_width = self._keys_width(sliding=False), 0
-        if not self.fixed_rows:
-            width = max(member.sinks + member.ledger.ring.extent for member in members)
-            width = max(width, self._sink_columns())  # the sinks are placed in every row's first columns
-        full = self._held(rows, [member.occupancy.held[:width] for member in members], width)
-        sliding = None
+        input_ids = torch.cat([token.reshape(1) for token in tokens])[:, None]
+        # Attention reads as far as the furthest row has written: a short conversation's slots past that are
+        # empty in every row.
+        width = max(member.sinks + member.ledger.ring.extent for member in members)
+        width = max(width, self._sink_columns())  # the sinks are placed in every row's first columns
+        full = self._held([member.occupancy.held[:width] for member in members], width)
+        sliding, sliding_width = None, 0
         if first.sliding is not None:
-            sliding_width = self._keys_width(sliding=True)
-            if not self.fixed_rows:
-                sliding_width = max(member.sliding.ring.extent for member in members)
+            sliding_width = max(member.sliding.ring.extent for member in members)
             sliding_held = [member.occupancy.sliding_held[:sliding_width] for member in members]
-            sliding = self._held(rows, sliding_held, sliding_width)
+            sliding = self._held(sliding_held, sliding_width)
         rotations = {}
         for index, table in enumerate(first.tables):
             cos, sin = table.cos_sin_rows(scalars[:, SINK_SHIFT])
             rotations[index] = (cos[:, None, None], sin[:, None, None])  # [rows, 1, 1, rotary_dim]
-        sinks = torch.tensor([member.sinks for member in members] + [0] * padding, device=device)
+        sinks = torch.tensor([member.sinks for member in members], device=device)
         widest = self._sink_columns()
         sink_rows = torch.arange(widest, device=device)[None, :] < sinks[:, None]  # [rows, sinks]
         self._active = _Active(
@@ -286,12 +275,11 @@ class CacheBatch(Cache):
         return input_ids, StepInputs(position_ids, self._attention_masks(full, sliding))
 
     @staticmethod
-    def _held(rows: int, held: list[torch.Tensor], width: int) -> torch.Tensor:
-        """[rows, width]: each member's held slots, False past its own; a padding row sees its first slot only."""
-        mask = torch.zeros(rows, width, dtype=torch.bool, device=held[0].device)
+    def _held(held: list[torch.Tensor], width: int) -> torch.Tensor:
+        """[members, width]: each member's held slots, False past its own."""
+        mask = torch.zeros(len(held), width, dtype=torch.bool, device=held[0].device)
         for row, slots in enumerate(held):
             mask[row, : slots.shape[0]] = slots
-        mask[len(held) :, 0] = True  # a row that sees nothing would make its softmax undefined
         return mask
 
     def _attention_masks(
@@ -309,13 +297,6 @@ class CacheBatch(Cache):
     def _sink_columns(self) -> int:
         """As many sink columns as the pool's sink layers have (the widest member's that made it)."""
         return next((pristine.shape[2] for pristine in self._pristine if pristine is not None), 0)
-
-    def _keys_width(self, sliding: bool) -> int:
-        kinds = [index for index, layer in enumerate(self.members[0].layers) if isinstance(layer, SlidingLayer)]
-        if sliding:
-            return self._keys[kinds[0]].shape[2]
-        full = next(index for index, layer in enumerate(self.members[0].layers) if not isinstance(layer, SlidingLayer))
-        return self._keys[full].shape[2]
 
     def _ensure_room(self, count: int, members: list[SinkCache]) -> None:
         """A pool with `count` rows (a bucket's worth) as wide as the widest of `members`; members moved over."""

@@ -1,15 +1,19 @@
-"""Feed any number of tokens through a sink cache, in chunks, evicting as it goes."""
+"""The model's own forward through a sink cache, one step at a time.
+
+step_logits is the body of an open step (the runner's and the compiled step's, engine/); forward
+opens the step around it, for every position's logits (the perplexity measure's scoring) or as a
+reference the engine's runner is tested against. A prompt the chat reads goes through the
+engine's runner instead (generation/prompt_reading.py: Reading, read_prompt).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 
 from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.cache.sink_cache import SinkCache, StepInputs
-from streamchat.errors import CacheConfigError
 
 
 class Forwarded(NamedTuple):
@@ -17,43 +21,6 @@ class Forwarded(NamedTuple):
 
     logits: torch.Tensor  # [1, n, vocab] with all_logits, else the last position's [1, 1, vocab]
     eviction: Eviction | None
-
-
-class FedChunk(NamedTuple):
-    """One chunk of a longer feed: its ids [1, c], the logits after it and what it evicted."""
-
-    ids: torch.Tensor
-    logits: torch.Tensor
-    eviction: Eviction | None
-
-
-def chunk_sizes(total: int, cache: SinkCache, chunk_size: int) -> Iterator[int]:
-    """Chunk lengths that feed `total` tokens; none is longer than the window or `chunk_size`."""
-    if chunk_size < 1:
-        raise CacheConfigError(f"chunk_size={chunk_size}: must be >= 1")
-    step = min(chunk_size, cache.window)
-    fed = 0
-    while fed < total:
-        size = min(step, total - fed)
-        yield size
-        fed += size
-
-
-def prefill_chunks(
-    model: Any,
-    cache: SinkCache,
-    input_ids: torch.Tensor,
-    chunk_size: int,
-    all_logits: bool = False,
-    label: int = NO_LABEL,
-) -> Iterator[FedChunk]:
-    """Feed input_ids [1, n], recorded with `label`; yield each chunk with its logits, as forward() returns
-    them, and its eviction."""
-    start = 0
-    for size in chunk_sizes(input_ids.shape[-1], cache, chunk_size):
-        chunk = input_ids[:, start : start + size]
-        yield FedChunk(chunk, *forward(model, cache, chunk, all_logits, label))
-        start += size
 
 
 def forward(

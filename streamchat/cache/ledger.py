@@ -51,10 +51,6 @@ class Ring:
         return self.capacity + 1
 
     @property
-    def is_full(self) -> bool:
-        return self.length == self.capacity
-
-    @property
     def next_slot(self) -> int:
         """Where the next token goes: always a free slot."""
         return (self.head + self.length) % self.slots
@@ -249,7 +245,7 @@ class StreamLedger:
         if to_window > self.window:
             raise CacheConfigError(
                 f"{incoming} tokens in one step do not fit a window of {self.window}: "
-                f"feed at most {self.window} at a time (streamchat.cache.feeding chunks for you)"
+                f"feed at most {self.window} at a time (a Reading, generation/prompt_reading.py, chunks for you)"
             )
         return to_sinks, to_window
 

@@ -28,6 +28,7 @@ from streamchat.conversation.session_options import SessionChanges
 from streamchat.conversation.state import ConversationState
 from streamchat.generation.cache_view import CacheView
 from streamchat.generation.events import Event
+from streamchat.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11
@@ -84,6 +85,11 @@ class Conversation(ConversationMoves, Protocol):
     @property
     @abstractmethod
     def system_prompt(self) -> str | None: ...
+
+    @property
+    @abstractmethod
+    def settings(self) -> GenerationSettings:
+        """How replies are generated now."""
 
     @property
     @abstractmethod

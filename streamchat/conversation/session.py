@@ -42,7 +42,6 @@ from streamchat.conversation.session_options import (
     SessionOptions,
     eviction_policy,
     generation_changes,
-    parse_option,
     recall_mode,
 )
 from streamchat.conversation.state import ConversationState, RecalledNote
@@ -254,9 +253,10 @@ class ChatSession:
         (between turns: not mid-reply, not torn off half way)."""
         whole = tensors and len(self.transcript) % 2 == 0 and self._settled and self.token_loop.is_whole()
         return ConversationState(
-            messages=[dict(message) for message in self.transcript],
+            messages=[message.copy() for message in self.transcript],
             system_prompt=self.system_prompt,
-            settings=dict(self.options()),
+            settings=self.settings,
+            eviction=self.eviction,
             tensors=tensors_of(self.cache, self.sampler) if whole else None,
             recalled={index: note for index, note in self.recalled.items() if index < len(self.transcript)},
         )
@@ -264,18 +264,13 @@ class ChatSession:
     def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
         """Become the conversation `state`: exactly when it carries tensors that fit, else replayed
         (`not_exact` says why there are none, for the NotResumed event). ConfigError, and nothing
-        changes, when its settings or system prompt cannot be used."""
-        # The state's settings are text, as its file holds them: parsed here, once.
-        changes = SessionChanges()
-        for name, value in state.settings.items():
-            changes.update(parse_option(name, value))
-        settings = self.settings.changed(generation_changes(changes))
-        eviction, recall = changes.get("eviction", self.eviction), changes.get("recall", self.recall)
+        changes, when its eviction or system prompt cannot be used."""
+        eviction = eviction_policy(state.eviction)
         chat_format = chat_format_for(self.tokenizer, state.system_prompt)
         feeds = chat_format.conversation_ids(fed_messages(state.messages, state.recalled))
         self._use_format(chat_format)
-        self.settings, self.eviction, self.recall = settings, eviction, recall
-        self.sampler = Sampler(settings.seed)
+        self.settings, self.eviction = state.settings, eviction
+        self.sampler = Sampler(state.settings.seed)
         return self._restored(state, feeds, not_exact)
 
     def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> Iterator[Event]:

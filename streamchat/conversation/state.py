@@ -5,8 +5,8 @@
 
 The text half (messages, system prompt, settings) is what a journal or session file
 holds; the tensor half (streamchat.conversation.tensors names them) is what a cache
-state file holds. Plain data: storage reads and writes it without knowing the session,
-and importing it costs no torch.
+state file holds. Plain, typed data: storage writes its settings as text and reads them
+back without knowing the session, and importing it costs no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from streamchat import defaults
 from streamchat.conversation.message import Message
+from streamchat.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +45,8 @@ class ConversationState:
 
     messages: list[Message]  # user and assistant turns, alternating
     system_prompt: str | None
-    settings: dict[str, str] = field(default_factory=dict)  # every /set option as text, eviction included
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    eviction: str = defaults.EVICTION_POLICY  # what the cache evicts, a token or a whole turn at a time
     tensors: TensorState | None = None
     # The notes recall read before user messages, by the message's index: part of what the cache read.
     recalled: dict[int, RecalledNote] = field(default_factory=dict)

@@ -36,6 +36,7 @@ from streamchat.distributed.lockstep import Exit, Lockstep, out_of_step_failures
 from streamchat.errors import RankLostError, StreamchatError
 from streamchat.generation.cache_view import CacheView
 from streamchat.generation.events import Event
+from streamchat.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11
@@ -69,6 +70,10 @@ class LeaderSession(Conversation):
     @property
     def system_prompt(self) -> str | None:
         return self._session.system_prompt
+
+    @property
+    def settings(self) -> GenerationSettings:
+        return self._session.settings
 
     @property
     def seed(self) -> int:

@@ -99,7 +99,7 @@ class Runner:
         tokens, positions, segments = [], [], []
         if decode is not None:
             step = decode.step
-            tokens.append(step.input_ids[:, 0])  # [rows]: the pool has no padding rows here (no fixed_rows)
+            tokens.append(step.input_ids[:, 0])  # [rows]: one a member
             positions.append(step.inputs.position_ids[:, 0])
             segments.append(Segment(len(tokens[0]), decode.cache, step.inputs.attention_mask, decode=True))
         for chunk, read in zip(chunks, reads, strict=True):

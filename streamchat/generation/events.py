@@ -49,10 +49,6 @@ class PromptSkipped:
     read_tokens: int
     reason: Literal["too_long", "stopped"]
 
-    @property
-    def skipped_tokens(self) -> int:
-        return self.prompt_tokens - self.read_tokens
-
 
 @dataclass(frozen=True)
 class PromptProgress:

@@ -10,19 +10,23 @@ sees only by what the first of those windows was computed after.
     reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
     # in an engine's steps (engine/work.py: Request): next_work() -> fed -> advance(fed) ...
     reading.logits, reading.said()          # the logits after its last token; what it said since last asked
+    logits = read_prompt(model, cache, ids)  # a benchmark's prompt, read whole as the chat reads one
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from streamchat import defaults
 from streamchat.cache import SinkCache
-from streamchat.cache.ledger import Eviction
+from streamchat.cache.ledger import NO_LABEL, Eviction
+from streamchat.engine.engine import Engine
 from streamchat.engine.work import Fed, PromptChunk
+from streamchat.errors import ConfigError
 from streamchat.generation.events import CacheOccupancy, Event, Evicted, PromptProgress
 
 # A replay, or a long prompt, feeds the last this-many windows of its text.
@@ -143,3 +147,26 @@ class Reading:
     def _count_skipped(self) -> None:
         while self._left and isinstance(self._left[0], int):
             self.cache.count_skipped(self._left.pop(0), self.label)
+
+
+def read_prompt(model: Any, cache: SinkCache, ids: list[int]) -> torch.Tensor:
+    """Read `ids` whole into `cache` as the chat reads a text (TokenLoop.feed): a Reading, a chunk of at most
+    defaults.PREFILL_CHUNK tokens (and the window) a step, in an engine of its own (engine/runner.py: the lean
+    ragged pass where the model has one). For a benchmark's prompt, so that what it measures after the prompt
+    starts from the cache the chat would hold. The logits [1, 1, vocab] after the last token."""
+    if not ids:
+        raise ConfigError("a prompt to read needs at least one token")
+    engine = Engine(model)
+    reading = Reading(cache, [(ids, 0)], NO_LABEL, min(defaults.PREFILL_CHUNK, cache.window), _untold)
+    engine.submit(reading)
+    while not reading.ended:
+        engine.step()
+    if reading.error is not None:
+        raise reading.error
+    return reading.logits
+
+
+def _untold(eviction: Eviction) -> Evicted:
+    """An eviction's event without its text: a benchmark may have no tokenizer (random weights), nor anyone
+    reading its events."""
+    return Evicted(eviction.count, eviction.first_index, eviction.last_index, "", eviction.stats)

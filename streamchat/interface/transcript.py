@@ -45,13 +45,13 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Literal, Protocol, TextIO, get_args
 
+from streamchat.conversation.message import Role
 from streamchat.errors import TranscriptError
 from streamchat.interface.safe_text import safe_plain
 
 TranscriptFormat = Literal["auto", "text", "jsonl", "mtbench"]
 TurnSplit = Literal["line", "blank-line"]
 OutputFormat = Literal["text", "jsonl", "markdown"]
-Role = Literal["system", "user", "assistant"]
 TRANSCRIPT_FORMATS: tuple[TranscriptFormat, ...] = get_args(TranscriptFormat)
 TURN_SPLITS: tuple[TurnSplit, ...] = get_args(TurnSplit)
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = get_args(OutputFormat)

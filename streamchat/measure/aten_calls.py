@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from streamchat import defaults
-from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache import SinkCache
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 
@@ -42,11 +42,11 @@ def aten_calls(run: Callable[[], None]) -> int:
 def decode_aten_calls_per_token(
     model: Any, ids: torch.Tensor, sinks: int, window: int, compile_backend: str | None = None
 ) -> int:
-    """aten calls per greedy decode step of streamchat's token loop after the prompt ids [1, n]."""
+    """aten calls per greedy decode step of streamchat's token loop after the prompt ids [1, n], read as the chat
+    reads one."""
     cache = SinkCache.for_model(model, sinks, window)
     decoder = Decoder(cache)
-    *_, last = prefill_chunks(model, cache, ids, defaults.PREFILL_CHUNK)
-    decoder.start(last.logits, GenerationSettings(temperature=0.0), Sampler(0))
+    decoder.start(read_prompt(model, cache, ids[0].tolist()), GenerationSettings(temperature=0.0), Sampler(0))
     step = engine_step(model, decoder, compile_backend)
     for _ in range(WARM_UP_STEPS):
         step()

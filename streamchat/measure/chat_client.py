@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from streamchat.conversation.message import Message
+
 SYSTEM_PROMPT = "You are a helpful assistant. Answer clearly and briefly."
 QUESTIONS_FILE = "chat_questions.txt"
 CACHE_HEADER = "X-Streamchat-Cache"
@@ -38,10 +40,6 @@ class Endpoint:
 
     host: str
     port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -211,13 +209,13 @@ def run_conversations(
     deadline = started + workload.time_limit
 
     def converse(conversation: int) -> None:
-        messages = [{"role": "system", "content": workload.system_prompt}]
+        messages: list[Message] = [{"role": "system", "content": workload.system_prompt}]
         for turn in range(1, workload.turns + 1):
             left = deadline - time.perf_counter()
             if stop.is_set() or left <= 0:
                 reply = Reply(error="not sent: the run was stopped or passed its time limit")
             else:
-                asked = {"role": "user", "content": user_turn(pool, conversation, turn)}
+                asked: Message = {"role": "user", "content": user_turn(pool, conversation, turn)}
                 body = {
                     "model": model,
                     "messages": [*messages, asked],

@@ -23,9 +23,10 @@ import torch
 from transformers import DynamicCache
 
 from streamchat import defaults
-from streamchat.cache import SinkCache, prefill_chunks
+from streamchat.cache import SinkCache
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler, make_draw
 from streamchat.generation.settings import GenerationSettings
 
@@ -81,9 +82,8 @@ class StreamingDecoder(_Sampling):
         return self.cache.stats().seen
 
     def feed(self, input_ids: torch.Tensor) -> None:
-        """Stream ids [1, n] through the cache in prefill chunks, as the engine feeds a prompt."""
-        for chunk in prefill_chunks(self.model, self.cache, input_ids, defaults.PREFILL_CHUNK):
-            self.logits = chunk.logits
+        """Stream ids [1, n] through the cache as the chat reads a prompt: in prefill chunks, in the engine's steps."""
+        self.logits = read_prompt(self.model, self.cache, input_ids[0].tolist())
         self.decoder.start(self.logits, self.settings, self.sampler)
         self._step = engine_step(self.model, self.decoder, self.compile_backend)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from streamchat.cache import SinkCache, forward, prefill_chunks
+from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import CacheSnapshot, release_snapshots
 from streamchat.errors import ConfigError
 
@@ -57,7 +57,8 @@ class _Collector:
 def streaming_nll(
     model: Any, ids: torch.Tensor, sinks: int, window: int, chunk: int, on_scored: OnScored = _ignore
 ) -> torch.Tensor:
-    """StreamingLLM: `sinks` + `window` through the sink cache, fed `chunk` tokens at a time.
+    """StreamingLLM: `sinks` + `window` through the sink cache, fed `chunk` tokens (at most `window`) at a time,
+    every position's logits scored: through the model's own forward, as the runner keeps only the last position's.
 
     sinks=0 is window attention (positions still assigned within the cache). Each chunk
     first evicts what it needs, so once the cache is full a token is predicted from
@@ -65,8 +66,9 @@ def streaming_nll(
     """
     cache, collector = SinkCache.for_model(model, sinks, window), _Collector(on_scored)
     with torch.inference_mode():
-        for fed in prefill_chunks(model, cache, ids, chunk_size=chunk, all_logits=True):
-            collector.add(fed.ids[0], fed.logits[0])
+        for start in range(0, ids.shape[-1], chunk):
+            chunk_ids = ids[:, start : start + chunk]
+            collector.add(chunk_ids[0], forward(model, cache, chunk_ids, all_logits=True).logits[0])
     return collector.result()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamchat import defaults
-from streamchat.conversation.message import Message
+from streamchat.conversation.message import Message, Role
 from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES, GenerationChanges
 
 # Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
@@ -163,7 +163,7 @@ def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message],
         if role in ("system", "developer") and not turns:
             system_parts.append(content)
             continue
-        expected = "user" if len(turns) % 2 == 0 else "assistant"
+        expected: Role = "user" if len(turns) % 2 == 0 else "assistant"
         if role != expected:
             raise ApiError(
                 400,
@@ -175,7 +175,7 @@ def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message],
         if extra:
             name = sorted(extra)[0]
             raise ApiError(400, f"{where}.{name} is not supported by streamchat", param=f"{where}.{name}")
-        turns.append({"role": role, "content": content})
+        turns.append({"role": expected, "content": content})
     if not turns or turns[-1]["role"] != "user":
         raise ApiError(400, "the last message must be the user's", param="messages")
     system = "\n\n".join(system_parts) if system_parts else None

@@ -16,10 +16,11 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamchat import defaults
 from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState
 from streamchat.engine.engine import Engine
@@ -101,10 +102,9 @@ class ConversationPool:
     _free: list[ChatSession] = field(default_factory=list)
     _lengths: dict[str, int] = field(default_factory=dict)  # parked conversations' rendered_tokens
     _clock: itertools.count = field(default_factory=itertools.count)
-    # A new session's generation settings (a request's start from them), set by start().
+    # A new conversation's generation settings (a request's start from them) and eviction, set by start().
     base_settings: GenerationSettings = field(default_factory=GenerationSettings)
-    # A new conversation's settings as its journal writes them, eviction included, set by start().
-    _new_conversation_settings: dict[str, str] = field(default_factory=dict)
+    base_eviction: str = defaults.EVICTION_POLICY
     default_system: str | None = None
 
     def start(self) -> None:
@@ -118,8 +118,7 @@ class ConversationPool:
         # Every live conversation's session built now (a few milliseconds each, the chat format's checks), not
         # while the first requests that come together wait for the worker to build them one by one.
         self._free = [session, *(self._new_session() for _ in range(self.max_live - 1))]
-        self.base_settings = session.settings
-        self._new_conversation_settings = dict(session.options())
+        self.base_settings, self.base_eviction = session.settings, session.eviction
         self.default_system = session.system_prompt
         for path in sorted(self.served.sessions.glob(f"*{SUFFIX}")) if self.served.sessions.is_dir() else []:
             try:
@@ -127,7 +126,9 @@ class ConversationPool:
             except (SessionFileError, OSError):
                 continue
             if saved.version == JOURNAL_VERSION:
-                unanswered = [] if saved.unanswered is None else [{"role": "user", "content": saved.unanswered}]
+                unanswered: list[Message] = (
+                    [] if saved.unanswered is None else [{"role": "user", "content": saved.unanswered}]
+                )
                 said = [*saved.messages, *unanswered]
                 self.index.file(path.stem, saved.system_prompt, said, cut_short=saved.last_reply_stopped)
 
@@ -197,7 +198,7 @@ class ConversationPool:
             return
         state = session.snapshot(tensors=False)
         recalled = {index: note for index, note in state.recalled.items() if index < len(history)}
-        told = ConversationState(list(history), state.system_prompt, state.settings, None, recalled)
+        told = replace(state, messages=list(history), recalled=recalled)
         for event in session.restore(told):
             if isinstance(event, Replayed):
                 taken.restore_read += event.tokens - event.copied  # copied sinks were not read
@@ -282,7 +283,7 @@ class ConversationPool:
     ) -> Generator[Step | Waiting, None, int]:
         path = conversation.journal.path
         if path is None:
-            state = ConversationState(list(history or []), system, dict(self._new_conversation_settings))
+            state = ConversationState(list(history or []), system, self.base_settings, self.base_eviction)
             events = session.restore(state)
         else:
             events = restored(session, read_session(path), path, self.served.key)

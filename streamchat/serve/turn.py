@@ -219,5 +219,5 @@ class Turn:
         """The conversation as the client knows it: `transcript`, less what it was not sent of the last reply."""
         if self.told is None or not transcript or transcript[-1]["role"] != "assistant":
             return transcript
-        told = [{"role": "assistant", "content": self.told}] if self.told else []
+        told: list[Message] = [{"role": "assistant", "content": self.told}] if self.told else []
         return [*transcript[:-2], *(transcript[-2:-1] if told else []), *told]

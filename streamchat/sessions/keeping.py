@@ -57,7 +57,7 @@ def restored(session: Conversation, saved: SavedSession, path: Path, key: StateK
     state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
     found = read_state(state_path(path), key, saved) if key is not None else None
     tensors = found if isinstance(found, TensorState) else None
-    return session.restore(saved.state(tensors), found if isinstance(found, str) else None)
+    return session.restore(saved.state(session.settings, tensors), found if isinstance(found, str) else None)
 
 
 def save_state(session: Conversation, session_path: Path | None, key: StateKey | None) -> int | None:

@@ -25,10 +25,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from streamchat import __version__
+from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState, TensorState
 from streamchat.errors import SessionFileError
+from streamchat.generation.settings import RANDOM_SEED
 from streamchat.storage.durable import write_durably
-from streamchat.storage.session_file import SavedSession
+from streamchat.storage.session_file import SavedSession, settings_text
 
 FORMAT = "streamchat-cache"
 VERSION = 1
@@ -67,7 +69,7 @@ def state_path(session_path: Path) -> Path:
     return session_path.with_suffix(SUFFIX)
 
 
-def conversation_digest(messages: list[dict[str, str]], system_prompt: str | None, seed: str) -> str:
+def conversation_digest(messages: list[Message], system_prompt: str | None, seed: str) -> str:
     """What the state's conversation is: its messages, system prompt and seed setting (as /set writes it)."""
     text = json.dumps([messages, system_prompt, seed], ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -86,7 +88,7 @@ def write_state(path: Path, state: ConversationState, key: StateKey) -> int:
         "format": FORMAT,
         "version": str(VERSION),
         **key.metadata(),
-        "conversation": conversation_digest(state.messages, state.system_prompt, state.settings.get("seed", "random")),
+        "conversation": conversation_digest(state.messages, state.system_prompt, settings_text(state)["seed"]),
         "messages": str(len(state.messages)),
         "seed": str(state.tensors.seed),
         "streamchat": __version__,
@@ -148,7 +150,7 @@ def _mismatch(metadata: dict[str, str], key: StateKey, saved: SavedSession) -> s
             return "its cache state was saved for other weights of this model (its files changed since)"
         if was != now:
             return f"its cache state was saved for {_FIELD_WORDS[field.name]} {was}, this run has {now}"
-    seed = saved.settings.get("seed", "random")
+    seed = saved.settings.get("seed", RANDOM_SEED)
     if metadata.get("conversation") != conversation_digest(saved.messages, saved.system_prompt, seed):
         messages = metadata.get("messages", "?")
         if messages != str(len(saved.messages)):

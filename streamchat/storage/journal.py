@@ -41,7 +41,7 @@ from streamchat.conversation.template import common_prefix_length
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import StopReason
 from streamchat.storage.durable import sync_directory
-from streamchat.storage.session_file import FORMAT, JOURNAL_VERSION, SavedSession
+from streamchat.storage.session_file import FORMAT, JOURNAL_VERSION, SavedSession, settings_text
 
 try:
     import fcntl
@@ -70,7 +70,7 @@ class Journal:
         self.failure: str | None = None
         self._descriptor: int | None = None
         self._messages: list[Message] = []  # the conversation as the file tells it
-        self._settings: dict[str, str] = {}
+        self._settings: dict[str, str] = {}  # the settings as the file holds them: text, as /set takes it
         self._system: str | None = None
         self._recalled: dict[int, RecalledNote] = {}
         self._pending: list[dict[str, Any]] = []  # records of the change being written
@@ -79,13 +79,13 @@ class Journal:
 
     def record(self, state: ConversationState, stop_reason: StopReason | None = None) -> None:
         """Append what changed in the conversation since the last call; `stop_reason` goes with a new last reply."""
-        self._record(state.messages, state.settings, state.system_prompt, stop_reason, state.recalled)
+        self._record(state.messages, settings_text(state), state.system_prompt, stop_reason, state.recalled)
 
     def record_user(self, state: ConversationState, text: str) -> None:
         """The user sent `text` to the conversation `state`: written before the reply starts, so that a crash
         cannot lose it."""
-        sent = [*state.messages, {"role": "user", "content": text}]
-        self._record(sent, state.settings, state.system_prompt, None, state.recalled)
+        sent: list[Message] = [*state.messages, {"role": "user", "content": text}]
+        self._record(sent, settings_text(state), state.system_prompt, None, state.recalled)
 
     def new_conversation(self) -> None:
         """The next message starts a new file (/reset)."""
@@ -101,7 +101,9 @@ class Journal:
         descriptor = claim_journal(path) if descriptor is None else descriptor
         self.close()
         self.path, self.failure, self._descriptor = path, None, descriptor
-        unanswered = [{"role": "user", "content": saved.unanswered}] if saved.unanswered is not None else []
+        unanswered: list[Message] = (
+            [{"role": "user", "content": saved.unanswered}] if saved.unanswered is not None else []
+        )
         self._messages = [*saved.messages, *unanswered]
         self._settings = {**saved.settings, "eviction": saved.eviction}
         self._system = saved.system_prompt
@@ -167,7 +169,7 @@ class Journal:
                 if stop_reason is not None and index == len(messages) - 1:
                     record["stop_reason"] = stop_reason
                 self._append(record)
-            self._messages.append(dict(message))
+            self._messages.append(message.copy())
 
     def _append_recall(self, index: int, note: RecalledNote) -> None:
         self._append({"type": "recall", "message": index, "from": list(note.messages), "content": note.text})

@@ -10,7 +10,8 @@ Two formats, both read by `read_session`:
   this version does not know are skipped, so later versions can add their own.
 
 Both hold a conversation's text half (streamchat.conversation.state); its tensors go in
-a cache state file beside the session file (streamchat.storage.cache_file).
+a cache state file beside the session file (streamchat.storage.cache_file). The settings are
+text in the files, as `/set` takes them (`settings_text`); SavedSession.state() reads them back.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
+from streamchat.conversation.message import Message, Role
 from streamchat.conversation.state import ConversationState, RecalledNote, TensorState
 from streamchat.errors import SessionFileError
+from streamchat.generation.settings import GenerationChanges, GenerationSettings, parse_setting
 from streamchat.storage.durable import write_durably
 
 FORMAT = "streamchat-session"
@@ -33,9 +36,10 @@ JOURNAL_VERSION = 2  # the JSON Lines journal
 
 @dataclass(frozen=True)
 class SavedSession:
-    messages: list[dict[str, str]]
+    messages: list[Message]
     system_prompt: str | None
-    settings: dict[str, str]  # name -> value as /set takes it
+    # name -> value as /set takes it, as the file holds them: state() reads them.
+    settings: dict[str, str]
     eviction: str
     model: str | None
     # A journal's last user message, when the session ended before its reply did.
@@ -47,23 +51,35 @@ class SavedSession:
     # The notes recall read before user messages (streamchat.conversation.recall), by message index.
     recalled: dict[int, RecalledNote] = field(default_factory=dict)
 
-    def state(self, tensors: TensorState | None = None) -> ConversationState:
-        """The conversation saved, as a value to restore a session to (with `tensors`, exactly)."""
-        settings = {**self.settings, "eviction": self.eviction}
-        return ConversationState(list(self.messages), self.system_prompt, settings, tensors, dict(self.recalled))
+    def state(self, unsaid: GenerationSettings, tensors: TensorState | None = None) -> ConversationState:
+        """The conversation saved, as a value to restore a session to (with `tensors`, exactly). Its settings
+        are `unsaid` changed as the file's text says: a file saved before a setting existed leaves that one
+        as it is. ConfigError names a setting this streamchat does not take."""
+        changes = GenerationChanges()
+        for name, text in self.settings.items():
+            changes.update(parse_setting(name, text))
+        settings = unsaid.changed(changes)
+        return ConversationState(
+            list(self.messages), self.system_prompt, settings, self.eviction, tensors, dict(self.recalled)
+        )
+
+
+def settings_text(state: ConversationState) -> dict[str, str]:
+    """The settings of `state` as a journal's settings record holds them: every setting as `/set` takes it,
+    then the eviction."""
+    return {**dict(state.settings.as_pairs()), "eviction": state.eviction}
 
 
 def save_session(path: Path, state: ConversationState, model: str | None) -> None:
     """Write `state` as a JSON document (version 1), less a last message still waiting for its reply."""
-    settings = {name: value for name, value in state.settings.items() if name != "eviction"}
     document = {
         "format": FORMAT,
         "version": VERSION,
         "streamchat": __version__,
         "model": model,
         "system_prompt": state.system_prompt,
-        "eviction": state.settings.get("eviction", "token"),
-        "settings": settings,
+        "eviction": state.eviction,
+        "settings": dict(state.settings.as_pairs()),
         "messages": state.answered,
     }
     if state.answered_recalled:
@@ -110,13 +126,14 @@ def _note_record(index: int, note: RecalledNote) -> dict[str, Any]:
     return {"message": index, "from": list(note.messages), "content": note.text}
 
 
-def _note(where: str, record: Any, messages: list[dict[str, str]]) -> tuple[int, RecalledNote]:
-    """A recall note read back: the user message it goes with, and the note; SessionFileError when malformed."""
+def _note(where: str, record: Any, count: int) -> tuple[int, RecalledNote]:
+    """A recall note read back, for one of the `count` messages read before it: the user message it goes with,
+    and the note; SessionFileError when malformed."""
     index, sources, text = (record.get(key) for key in ("message", "from", "content"))
     if (
         not isinstance(index, int)
-        or not 0 <= index < len(messages)
-        or messages[index]["role"] != "user"
+        or not 0 <= index < count
+        or index % 2  # the messages alternate from the user's: a user message's index is even
         or not isinstance(sources, list)
         or not all(isinstance(source, int) and 0 <= source < index for source in sources)
         or not isinstance(text, str)
@@ -128,14 +145,13 @@ def _note(where: str, record: Any, messages: list[dict[str, str]]) -> tuple[int,
 def _notes(path: Path, value: Any, count: int) -> dict[int, RecalledNote]:
     if not isinstance(value, list) or not all(isinstance(record, dict) for record in value):
         raise SessionFileError(f"{path}: 'recalled' must be a list of notes")
-    messages = [{"role": "user" if index % 2 == 0 else "assistant"} for index in range(count)]
-    return dict(_note(str(path), record, messages) for record in value)
+    return dict(_note(str(path), record, count) for record in value)
 
 
-def _messages(path: Path, value: Any) -> list[dict[str, str]]:
+def _messages(path: Path, value: Any) -> list[Message]:
     if not isinstance(value, list):
         raise SessionFileError(f"{path}: 'messages' must be a list")
-    messages = []
+    messages: list[Message] = []
     for number, message in enumerate(value, start=1):
         if (
             not isinstance(message, dict)
@@ -143,13 +159,13 @@ def _messages(path: Path, value: Any) -> list[dict[str, str]]:
             or not isinstance(message.get("content"), str)
         ):
             raise SessionFileError(f"{path}: message {number} needs a role (user or assistant) and text content")
-        expected = "user" if number % 2 else "assistant"
+        expected: Role = "user" if number % 2 else "assistant"
         if message["role"] != expected:
             raise SessionFileError(
                 f"{path}: message {number} is from the {message['role']}, expected the {expected} "
                 "(a saved conversation alternates user and assistant, starting with the user)"
             )
-        messages.append({"role": message["role"], "content": message["content"]})
+        messages.append({"role": expected, "content": message["content"]})
     if len(messages) % 2:
         raise SessionFileError(f"{path}: the last message, {len(messages)}, has no reply")
     return messages
@@ -200,7 +216,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
     """Replay a journal's records: the conversation and settings as they stood at its last complete line."""
     values: dict[str, str] = {}
     system_prompt = None
-    messages: list[dict[str, str]] = []
+    messages: list[Message] = []
     recalled: dict[int, RecalledNote] = {}
     last_reply_stopped = False  # the last record that changed the messages added a stopped reply
     lines = text.split("\n")
@@ -230,7 +246,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
             messages.append({"role": "assistant", "content": _record_text(path, number, record)})
             last_reply_stopped = record.get("stop_reason") == "interrupted"
         elif kind == "recall":
-            index, note = _note(f"{path} line {number}", record, messages)
+            index, note = _note(f"{path} line {number}", record, len(messages))
             recalled[index] = note
         elif kind == "rewind":
             kept = record.get("messages")

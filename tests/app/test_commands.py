@@ -7,9 +7,9 @@ import pytest
 from streamchat.app.commands import (
     COMMANDS,
     CacheInfo,
+    ChatText,
     Help,
     Load,
-    Message,
     Quit,
     Regen,
     Reset,
@@ -64,7 +64,7 @@ def test_commands_parse_to_typed_values(line: str, command: object) -> None:
     ],
 )
 def test_other_lines_are_messages_and_double_slash_escapes_one_slash(line: str, text: str) -> None:
-    assert parse_line(line) == Message(text)
+    assert parse_line(line) == ChatText(text)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ def snapshot() -> None:
     from transformers import AutoModelForCausalLM
 
     from streamchat import defaults
-    from streamchat.cache import SinkCache, prefill_chunks
+    from streamchat.cache import SinkCache, forward
     from streamchat.cache.snapshots import CacheSnapshot
     from streamchat.measure.models import random_config
 
@@ -67,8 +67,8 @@ def snapshot() -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     cache = SinkCache.for_model(model, defaults.SINKS, defaults.WINDOW)
     ids = torch.randint(3, config.vocab_size, (1, defaults.SINKS + defaults.WINDOW + 100))
-    for _ in prefill_chunks(model, cache, ids, defaults.PREFILL_CHUNK):
-        pass
+    for start in range(0, ids.shape[-1], defaults.PREFILL_CHUNK):
+        forward(model, cache, ids[:, start : start + defaults.PREFILL_CHUNK])
     # Before: the keys and values of all sinks + window slots, and both copies of the sinks, per layer.
     slot_bytes = sum((layer.keys.nbytes + layer.values.nbytes) / layer.slots for layer in cache.layers)
     whole = slot_bytes * cache.capacity + sum(2 * layer.pristine_sinks.nbytes for layer in cache.layers)

@@ -53,7 +53,7 @@ def resumed(expected: dict) -> ChatSession:
     tensors = TensorState(load_file(STATE), expected["seed"])
     # Greedy from here: the replies after it hang on the stored keys, not on a last bit of a sampled draw
     # that another CPU's float arithmetic might round the other way.
-    greedy = {"temperature": "0.0"}
+    greedy = dataclasses.replace(SETTINGS, temperature=0.0)
     state = ConversationState(expected["messages"], "You are terse.", greedy, tensors=tensors)
     events = list(session.restore(state))
     assert isinstance(events[-1], Resumed), events[-1]

@@ -16,6 +16,7 @@ from streamchat.conversation.calls import (
 )
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import ConversationState
+from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
 from tests.support.tokenizers import byte_level_tokenizer
 
@@ -29,7 +30,7 @@ EXAMPLES = [
     SetSystemPrompt(None),
     UpdateSettings({"temperature": 0.5, "stop": ("a b",)}),
     Replay(ANSWERED),
-    Restore(ConversationState(ANSWERED, "Be kind.", {"temperature": "0.5"}), "no cache state"),
+    Restore(ConversationState(ANSWERED, "Be kind.", GenerationSettings(temperature=0.5)), "no cache state"),
 ]
 
 

@@ -274,7 +274,7 @@ def test_regenerate_with_frequency_and_presence_penalties_counts_the_new_reply_f
     # Greedy: the same reply again, so nothing of the last one was counted against it.
     assert run(session.regenerate())[-1].reply == penalized
     state = session.snapshot()
-    assert (state.settings["frequency_penalty"], state.settings["presence_penalty"]) == ("0.5", "1.5")
+    assert (state.settings.frequency_penalty, state.settings.presence_penalty) == (0.5, 1.5)
 
 
 def test_regenerate_tells_the_same_story_of_the_cache_as_the_reply_it_replaces():
@@ -301,7 +301,7 @@ def test_a_snapshot_restored_without_tensors_replays_the_transcript():
     session.update_settings(temperature=0.5)
     state = session.snapshot(tensors=False)
     assert state.messages == session.transcript and state.system_prompt == "Be kind." and state.tensors is None
-    assert state.settings["temperature"] == "0.5" and state.settings["eviction"] == "token"
+    assert state.settings.temperature == 0.5 and state.eviction == "token"
 
     restored = make_session()
     events = run(restored.restore(state))
@@ -335,13 +335,13 @@ def test_a_replay_feeds_only_the_sinks_and_the_last_two_windows():
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
-def test_a_state_with_a_bad_setting_changes_nothing():
+def test_a_state_with_a_bad_eviction_changes_nothing():
     session = make_session()
     run(session.chat("Hello!"))
     before = session.snapshot(tensors=False)
     other = make_session(system_prompt="Be brief.").snapshot()
-    with pytest.raises(ConfigError, match="temperature"):
-        session.restore(dataclasses.replace(other, settings={"temperature": "hot"}))
+    with pytest.raises(ConfigError, match="eviction"):
+        session.restore(dataclasses.replace(other, settings=GenerationSettings(temperature=1.5), eviction="sometimes"))
     assert session.snapshot(tensors=False) == before
 
 

@@ -142,7 +142,7 @@ MOVES = [
     ("set_system_prompt", ("Be brief.",)),
     ("replay", ([*ANSWERED, {"role": "user", "content": "And then?"}],)),
     ("recover", ()),  # drops the message that has no reply, and replays the rest
-    ("restore", (ConversationState(ANSWERED, "Be kind.", {"max_new_tokens": "9"}), NOT_RESUMED)),
+    ("restore", (ConversationState(ANSWERED, "Be kind.", GREEDY.changed({"max_new_tokens": 9})), NOT_RESUMED)),
     ("reset", ()),
 ]
 

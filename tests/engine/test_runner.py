@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from streamchat.cache import SinkCache, forward, prefill_chunks
+from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch
 from streamchat.cache.feeding import step_logits
 from streamchat.cache.snapshots import CacheSnapshot
@@ -37,9 +37,9 @@ def caches(model, prompts: list[int]) -> list[SinkCache]:
     """A cache per conversation, its prompt read (different sinks and lengths: different positions)."""
     made = []
     for index, length in enumerate(prompts):
-        cache = SinkCache.for_model(model, 3 + index, WINDOW)
-        for _ in prefill_chunks(model, cache, ids(length, index), WINDOW):
-            pass
+        cache, prompt = SinkCache.for_model(model, 3 + index, WINDOW), ids(length, index)
+        for start in range(0, length, WINDOW):  # a pass holds at most the window
+            forward(model, cache, prompt[:, start : start + WINDOW])
         made.append(cache)
     return made
 

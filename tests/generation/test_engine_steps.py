@@ -400,7 +400,7 @@ def test_replays_that_begin_alike_read_their_sinks_once_and_say_how_many_they_co
     model = tiny_model("llama", vocab_size=700)
     settings = GenerationSettings(max_new_tokens=8, temperature=0.0)
     history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi! How are you?"}]
-    state = ConversationState(history, "Be brief.", {})
+    state = ConversationState(history, "Be brief.", settings)
     alone = chat_session(model, settings, "Be brief.")
     engine = Engine(model)
     alone.run_in(engine, shared_sinks=SharedSinks())

@@ -3,8 +3,12 @@
 import pytest
 import torch
 
+from streamchat import defaults
 from streamchat.cache import SinkCache, forward
+from streamchat.engine.runner import Runner
+from streamchat.engine.scheduler import Scheduled
 from streamchat.engine.work import Fed
+from streamchat.errors import ConfigError
 from streamchat.generation.events import (
     CacheOccupancy,
     PromptProgress,
@@ -18,6 +22,7 @@ from streamchat.generation.prompt_reading import (
     Reading,
     ReadingProgress,
     prompt_parts,
+    read_prompt,
     replayed_count,
     replayed_parts,
 )
@@ -179,3 +184,39 @@ def test_a_reading_reads_a_chunk_a_pass_counts_its_skips_and_heeds_a_stop_once_i
         logits, _ = forward(model, again, torch.tensor([chunk]), label=2)
         again.count_skipped(skipped, 2)
     assert torch.equal(reading.logits, logits)
+
+
+def test_a_benchmark_s_prompt_is_read_a_prefill_chunk_a_step_of_the_engine_s_runner(monkeypatch):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    ids = torch.randint(3, VOCAB, (1, 700), generator=torch.Generator().manual_seed(2))
+    cache, alone = SinkCache.for_model(model, 4, 300), SinkCache.for_model(model, 4, 300)
+    steps, run = [], Runner.run
+
+    def counted(runner: Runner, scheduled: Scheduled) -> list[Fed]:
+        steps.append([ticket.work.tokens for ticket in scheduled.tickets])
+        return run(runner, scheduled)
+
+    monkeypatch.setattr(Runner, "run", counted)
+    logits = read_prompt(model, cache, ids[0].tolist())
+    chunk = defaults.PREFILL_CHUNK
+    assert steps == [[chunk], [chunk], [700 - 2 * chunk]]  # the window (300) holds a whole chunk
+    with torch.inference_mode():
+        for start in range(0, 700, chunk):
+            expected, _ = forward(model, alone, ids[:, start : start + chunk])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert cache.stats() == alone.stats() and cache.stats().evicted > 0
+    assert cache.held_tokens() == alone.held_tokens()
+
+
+def test_a_prompt_is_read_a_window_a_pass_where_the_window_is_smaller_than_a_chunk_and_never_empty():
+    model = tiny_model("llama", vocab_size=VOCAB)
+    cache, alone = SinkCache.for_model(model, 4, 16), SinkCache.for_model(model, 4, 16)
+    ids = list(range(3, 43))
+    logits = read_prompt(model, cache, ids)
+    with torch.inference_mode():
+        for start in range(0, 40, 16):
+            expected, _ = forward(model, alone, torch.tensor([ids[start : start + 16]]))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert cache.stats() == alone.stats()
+    with pytest.raises(ConfigError, match="at least one token"):
+        read_prompt(model, cache, [])

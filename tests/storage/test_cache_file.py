@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from streamchat.conversation.state import TensorState
 from streamchat.errors import SessionFileError
+from streamchat.generation.settings import GenerationSettings
 from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
 from streamchat.storage.session_file import SavedSession
 
@@ -20,7 +21,7 @@ TENSORS = {"cache.ledger": torch.arange(10), "sampler.random_state": torch.zeros
 
 
 def write(path, key=KEY, saved=SAVED, tensors=TENSORS):
-    return write_state(path, saved.state(TensorState(tensors, 7)), key)
+    return write_state(path, saved.state(GenerationSettings(), TensorState(tensors, 7)), key)
 
 
 def test_the_state_lives_beside_its_session_file(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.errors import SessionFileError
 from streamchat.generation.events import TextDelta
+from streamchat.generation.settings import GenerationSettings
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import JOURNAL_VERSION, list_sessions, read_session, save_session
 from tests.conversation.test_session import make_session, run
@@ -98,7 +99,7 @@ def test_a_message_without_its_reply_is_kept_apart_and_loading_replays_the_rest(
     assert saved.unanswered == "Are you there?" and saved.messages == session.transcript
 
     restored = make_session()
-    run(restored.restore(read_session(journal.path).state()))
+    run(restored.restore(read_session(journal.path).state(restored.settings)))
     assert restored.transcript == session.transcript
 
 
@@ -236,24 +237,24 @@ MESSAGES = [
 
 def test_a_note_is_journaled_after_its_message_and_read_back(tmp_path: Path):
     journal = Journal(tmp_path, "tiny", {"sinks": 4, "window": 64}, on_error=print)
-    journal.record(ConversationState(MESSAGES[:2], None, {"eviction": "token"}))
-    journal.record_user(ConversationState(MESSAGES[:2], None, {"eviction": "token"}), MESSAGES[2]["content"])
-    journal.record(ConversationState(MESSAGES, None, {"eviction": "token"}, recalled={2: NOTE}), "eos")
+    journal.record(ConversationState(MESSAGES[:2], None))
+    journal.record_user(ConversationState(MESSAGES[:2], None), MESSAGES[2]["content"])
+    journal.record(ConversationState(MESSAGES, None, recalled={2: NOTE}), "eos")
     assert journal.path is not None
     kinds = [line.split('"type": "')[1].split('"')[0] for line in journal.path.read_text().splitlines()[1:]]
     assert kinds == ["settings", "user", "reply", "user", "recall", "reply"]
     saved = read_session(journal.path)
     assert saved.messages == MESSAGES and saved.recalled == {2: NOTE}
-    assert saved.state().recalled == {2: NOTE}
+    assert saved.state(GenerationSettings()).recalled == {2: NOTE}
     # A rewind past the message takes its note with it.
-    journal.record(ConversationState(MESSAGES[:2], None, {"eviction": "token"}, recalled={}))
+    journal.record(ConversationState(MESSAGES[:2], None, recalled={}))
     assert read_session(journal.path).recalled == {}
     journal.close()
 
 
 def test_a_saved_json_session_keeps_its_notes(tmp_path: Path):
     path = tmp_path / "saved.json"
-    save_session(path, ConversationState(MESSAGES, None, {"eviction": "token"}, recalled={2: NOTE}), "tiny")
+    save_session(path, ConversationState(MESSAGES, None, recalled={2: NOTE}), "tiny")
     assert read_session(path).recalled == {2: NOTE}
-    save_session(path, ConversationState(MESSAGES, None, {"eviction": "token"}), "tiny")
+    save_session(path, ConversationState(MESSAGES, None), "tiny")
     assert "recalled" not in path.read_text() and read_session(path).recalled == {}

@@ -5,8 +5,16 @@ import json
 import pytest
 
 from streamchat.conversation.state import ConversationState
-from streamchat.errors import SessionFileError
-from streamchat.storage.session_file import FORMAT, VERSION, SavedSession, read_session, save_session
+from streamchat.errors import ConfigError, SessionFileError
+from streamchat.generation.settings import GenerationSettings
+from streamchat.storage.session_file import (
+    FORMAT,
+    JOURNAL_VERSION,
+    VERSION,
+    SavedSession,
+    read_session,
+    save_session,
+)
 
 CONVERSATION = [
     {"role": "user", "content": "Hello! 你好 👋"},
@@ -21,19 +29,54 @@ def write(tmp_path, **fields):
 
 
 def test_a_saved_session_reads_back_the_same(tmp_path):
-    saved = SavedSession(CONVERSATION, "Be kind.", {"temperature": "0.5"}, "turn", "smollm2-135m")
+    settings = GenerationSettings(temperature=0.5, seed=3, stop=("a b", "it's"))
+    state = ConversationState(CONVERSATION, "Be kind.", settings, "turn")
     path = tmp_path / "deep" / "session.json"
-    save_session(path, saved.state(), saved.model)
-    assert read_session(path) == saved
+    save_session(path, state, "smollm2-135m")
+    saved = read_session(path)
+    assert saved == SavedSession(CONVERSATION, "Be kind.", dict(settings.as_pairs()), "turn", "smollm2-135m")
+    assert saved.settings["stop"] == "'a b' 'it'\"'\"'s'"  # the text /set takes, as the file always held it
+    assert saved.state(GenerationSettings(top_k=5)) == state  # every setting saved: none left as it was
     assert not [p for p in path.parent.iterdir() if p.name != "session.json"]  # no temporary left behind
     assert oct(path.stat().st_mode & 0o777) == oct(0o600)  # conversations are private
 
 
 def test_a_last_message_still_waiting_for_its_reply_is_not_saved(tmp_path):
     path = tmp_path / "session.json"
-    state = ConversationState([*CONVERSATION, {"role": "user", "content": "And?"}], None, {"eviction": "turn"})
+    state = ConversationState([*CONVERSATION, {"role": "user", "content": "And?"}], None, eviction="turn")
     save_session(path, state, None)
-    assert read_session(path) == SavedSession(CONVERSATION, None, {}, "turn", None)
+    assert read_session(path) == SavedSession(CONVERSATION, None, dict(GenerationSettings().as_pairs()), "turn", None)
+
+
+def test_an_old_file_s_settings_are_read_from_its_text_over_the_settings_it_does_not_hold(tmp_path):
+    # Written before min_p, the penalties and stop existed: what it does not say stays as the session has it.
+    old = {"temperature": "0.5", "top_k": "7", "seed": "random"}
+    path = write(tmp_path, messages=CONVERSATION, system_prompt=None, eviction="turn", settings=old)
+    unsaid = GenerationSettings(min_p=0.1, stop=("END",), seed=4)
+    state = read_session(path).state(unsaid)
+    assert state.settings == GenerationSettings(temperature=0.5, top_k=7, min_p=0.1, stop=("END",), seed=None)
+    assert state.eviction == "turn" and state.messages == CONVERSATION
+
+
+def test_a_journal_s_settings_records_are_read_as_typed_settings(tmp_path):
+    header = {"format": FORMAT, "version": JOURNAL_VERSION, "model": "tiny", "cache": {"sinks": 4, "window": 64}}
+    records = [
+        {"type": "settings", "values": {"temperature": "0.7", "stop": "'two words' end", "eviction": "token"}},
+        {"type": "user", "content": "Hello! 你好 👋"},
+        {"type": "reply", "content": "Hi.", "stop_reason": "eos"},
+        {"type": "settings", "values": {"temperature": "0", "eviction": "turn"}},
+    ]
+    path = tmp_path / "20250101-120000-3fa2c1.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *records]))
+    state = read_session(path).state(GenerationSettings())
+    assert state.settings == GenerationSettings(temperature=0.0, stop=("two words", "end"))
+    assert state.eviction == "turn" and state.messages == CONVERSATION
+
+
+def test_a_setting_this_streamchat_does_not_take_is_named_when_the_file_is_used(tmp_path):
+    saved = read_session(write(tmp_path, messages=CONVERSATION, settings={"temperature": "hot"}))
+    with pytest.raises(ConfigError, match="temperature must be a number"):
+        saved.state(GenerationSettings())
 
 
 @pytest.mark.parametrize(
