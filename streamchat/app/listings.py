@@ -114,6 +114,8 @@ def model_summary(loaded: LoadedModel) -> Table:
         rows["files"] = str(loaded.directory)
     if loaded.packed_copy is not None:
         rows["packed copy"] = str(loaded.packed_copy)
+    # Which CPU kernels run the step: streamchat's own and the variant built for this CPU, else torch's.
+    rows["kernels"] = "torch's" if loaded.native is None else f"streamchat's own, {loaded.native.variant}"
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
