@@ -8,14 +8,15 @@
    a2 what a1 rounded off, so the pair keeps about 16 bits of each value (a1 alone lost 1 % of the
    default model's perplexity). A group's sum is step_w * step_a * (q . a1 + q . a2 / RESIDUAL_SCALE) +
    minimum * sum(a): AVX-512 VNNI multiplies 64 unsigned levels by 64 signed bytes in one instruction
-   (AVX2 in three, vectors_avx2.h).
+   (AVX2 32 in one, summed in int16 over the group: vectors_avx2.h's group_dots_16).
 
    Weights are packed in tiles of 16 outputs, so that a vector's 16 lanes are 16 outputs and no sum
    needs a horizontal reduction: nibbles [n / 16, k / 32, 256] where byte 64 p + 4 o + j of a group holds
    input 8 p + j of output o in its low nibble and input 8 p + 4 + j in its high one; params [n / 16,
    k / 32, 2, 16] the outputs' steps, then their minimums. Each tile's weights are read once for up to
-   ROW_BLOCK rows (aten's int4 kernel rereads them every 4), and the tiles are split over OpenMP threads:
-   linked to libgomp, the same runtime (and so the same thread pool) as torch's. */
+   INT4_ROW_BLOCK rows (8 on AVX-512; 2 on AVX2, the next 2 rereading the tile from the CPU's cache; aten's
+   int4 kernel rereads them every 4), and the tiles are split over OpenMP threads: linked to libgomp, the
+   same runtime (and so the same thread pool) as torch's. */
 #include <stdlib.h>
 
 #include "bfloat16.h"
