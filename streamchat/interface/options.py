@@ -95,7 +95,7 @@ DtypeOption = Annotated[
     str | None,
     option(
         f"Weight precision: {listed(defaults.DTYPES)}. auto: bfloat16 on GPUs and on CPUs that have it natively "
-        "or run streamchat's kernels (AVX2, AVX-512), float16 on other GPUs, float32 on other CPUs. "
+        "or run streamchat's kernels (AVX2, AVX-512; int4 layers), float16 on other GPUs, float32 on other CPUs. "
         "\\[default: auto]",
         metavar="DTYPE",
     ),

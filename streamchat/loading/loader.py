@@ -18,7 +18,7 @@ from streamchat.loading.hub import download_model
 from streamchat.loading.integrity import ensure_complete_gguf, ensure_intact_weights
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import SAFETENSORS_WEIGHTS, ensure_loadable_weights
-from streamchat.placement.device import Placement, detect_accelerators, plan_placement
+from streamchat.placement.device import Placement, detect_accelerators, for_quantization, plan_placement
 from streamchat.placement.quantization import QuantizationPlan, plan_quantization, quantize_model
 from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
@@ -106,7 +106,8 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     if options.tp_size > 1:
         ensure_no_device_map(options.device_map)
         quantize = tensor_parallel_quantization(quantize)
-    placement = plan_placement(options.device, options.dtype, options.device_map, accelerators)
+    placing = for_quantization(accelerators, quantize)  # bfloat16 for the kernels only where they run the layers
+    placement = plan_placement(options.device, options.dtype, options.device_map, placing)
     quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
     directory = _local_directory(source, options, notify)
     config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)

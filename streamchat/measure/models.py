@@ -200,12 +200,12 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
 
     from streamchat.cache.architectures import ensure_supported
     from streamchat.loading.loader import attention_implementation, native_kernels
-    from streamchat.placement.device import detect_accelerators, plan_placement
+    from streamchat.placement.device import detect_accelerators, for_quantization, plan_placement
     from streamchat.placement.fusion import fuse_projections
     from streamchat.placement.quantization import plan_quantization, quantize_model
 
     accelerators = detect_accelerators()
-    placement = plan_placement(device, dtype, None, accelerators)
+    placement = plan_placement(device, dtype, None, for_quantization(accelerators, quantize))
     quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
     config = random_config(spec)
     ensure_supported(config)

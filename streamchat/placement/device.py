@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamchat import defaults
@@ -124,6 +124,13 @@ def _sysctl(name: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return answer.stdout.strip() if answer.returncode == 0 else None
+
+
+def for_quantization(accelerators: Accelerators, quantize: str) -> Accelerators:
+    """`accelerators` as choose_dtype should see them for `--quantize quantize` (after --tp's own rule):
+    streamchat's kernels run int4 layers' products only, so a model left unquantized or in int8 gains
+    nothing from bfloat16 storage on a CPU without bf16, where torch would emulate its products."""
+    return accelerators if quantize in ("auto", "int4") else replace(accelerators, cpu_kernels=False)
 
 
 def plan_placement(device: str, dtype: str, device_map: str | None, accelerators: Accelerators) -> Placement:

@@ -8,6 +8,7 @@ from streamchat.placement.device import (
     choose_device,
     choose_dtype,
     cpu_bf16_from_cpuinfo,
+    for_quantization,
     is_device_name,
     is_dtype_name,
     plan_placement,
@@ -223,3 +224,13 @@ def test_flags_are_read_only_for_the_architecture_that_writes_them():
     # An x86 flags line read on an unknown architecture proves nothing.
     assert not cpu_bf16_from_cpuinfo(x86_cpuinfo(ZEN4), "riscv64")
     assert not cpu_bf16_from_cpuinfo(GRAVITON_3, "x86_64")
+
+
+@pytest.mark.parametrize(
+    ("quantize", "dtype"), [("auto", "bfloat16"), ("int4", "bfloat16"), ("none", "float32"), ("int8", "float32")]
+)
+def test_bfloat16_for_the_kernels_only_where_they_run_the_layers(quantize, dtype):
+    # streamchat's kernels run int4 layers: unquantized or int8 (and --tp's none), a CPU without bf16 keeps float32.
+    kernels_cpu = Accelerators(cpu_kernels=True)
+    assert choose_dtype("auto", "cpu", for_quantization(kernels_cpu, quantize)) == dtype
+    assert choose_dtype("auto", "cpu", for_quantization(BF16_CPU, quantize)) == "bfloat16"  # native bf16: always
