@@ -28,9 +28,7 @@ static float quantize_row(const void *x, int x_bf16, int64_t k, int64_t at, int1
     float step = largest_16(largest) / LEVELS;
     const floats16 inverse = splat_16(step > 0.0f ? 1.0f / step : 0.0f);
     for (int64_t i = 0; i < k; i += 16) {
-        floats16 scaled = mul_16(load_16(x, x_bf16, at + i), inverse);
-        __m256i words = _mm256_packs_epi32(_mm256_cvtps_epi32(scaled.low), _mm256_cvtps_epi32(scaled.high));
-        _mm256_storeu_si256((__m256i *)(levels + i), _mm256_permute4x64_epi64(words, 0xD8)); /* as narrow_16 */
+        _mm256_storeu_si256((__m256i *)(levels + i), int16_16(mul_16(load_16(x, x_bf16, at + i), inverse)));
     }
     return step;
 }

@@ -123,10 +123,14 @@ static inline floats16 widen_half_16(const uint16_t *at) {
                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + 8))));
 }
 
+/* 16 floats rounded to the nearest int16 (saturated), in order. */
+static inline __m256i int16_16(floats16 x) {
+    __m256i words = _mm256_packs_epi32(_mm256_cvtps_epi32(x.low), _mm256_cvtps_epi32(x.high));
+    return _mm256_permute4x64_epi64(words, 0xD8); /* as narrow_16 */
+}
 /* 16 floats rounded to the nearest int8 (saturated), stored at `at`. */
 static inline void store_int8_16(int8_t *at, floats16 x) {
-    __m256i words = _mm256_packs_epi32(_mm256_cvtps_epi32(x.low), _mm256_cvtps_epi32(x.high));
-    words = _mm256_permute4x64_epi64(words, 0xD8); /* as narrow_16 */
+    __m256i words = int16_16(x);
     _mm_storeu_si128((__m128i *)at, _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
 }
 
