@@ -33,7 +33,7 @@ from streamchat.cache import SinkCache
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import EndlessReply
+from streamchat.generation.decoding import EndlessReply
 from streamchat.generation.prompt_reading import Reading, read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
@@ -89,8 +89,9 @@ def prompts_ms(model: Any, prompts: int, length: int, window: int, seed: int) ->
     started = time.perf_counter()
     for reading in readings:
         engine.submit(reading)
-    while not all(reading.ended for reading in readings):
-        engine.step()
+    left = len(readings)
+    while left:
+        left -= sum(output.ended for output in engine.step())
     synchronize(device)
     return (time.perf_counter() - started) * 1e3
 

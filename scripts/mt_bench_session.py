@@ -14,7 +14,8 @@ import json
 import sys
 import time
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.driven import driven_session
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.generation.events import Evicted, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.loading import LoadOptions, load_model
@@ -23,7 +24,7 @@ from streamchat.loading import LoadOptions, load_model
 def main(questions: str, turns: int) -> None:
     loaded = load_model(LoadOptions())
     settings = GenerationSettings(max_new_tokens=128, temperature=0.0)
-    session = ChatSession(loaded.model, loaded.tokenizer, SessionOptions(settings=settings))
+    session = driven_session(loaded.model, loaded.tokenizer, SessionOptions(settings=settings))
     with open(questions, encoding="utf-8") as file:
         prompts = [turn for line in file for turn in json.loads(line)["turns"]][:turns]
     started = time.perf_counter()

@@ -25,12 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.driven import driven_session
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.generation.events import Replayed, Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.transcript import UserTurn, read_transcript_file
 from streamchat.loading import LoadOptions, load_model
-from streamchat.sessions.keeping import restored, save_state, state_key
+from streamchat.sessions.keeping import save_state, state_key, state_to_restore
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import read_session
 
@@ -55,9 +56,9 @@ def main() -> None:
     turns = (item.text for item in items if isinstance(item, UserTurn))
     directory = Path(tempfile.mkdtemp(prefix="resume-figures-"))
     journal = Journal(directory, loaded.source.name, {"keep": keep, "window": arguments.window}, print)
-    session = ChatSession(loaded.model, loaded.tokenizer, options)
+    session = driven_session(loaded.model, loaded.tokenizer, options)
     started = time.perf_counter()
-    while session.cache_stats().seen < session.cache.capacity + 200:
+    while session.cache_stats().seen < session.session.cache.capacity + 200:
         text = next(turns)
         journal.record_user(session.snapshot(tensors=False), text)
         for _ in session.chat(text):
@@ -77,9 +78,11 @@ def main() -> None:
     resumed_times, replayed_times = [], []
     for _ in range(arguments.repeats):
         for kind, times in (("resume", resumed_times), ("replay", replayed_times)):
-            fresh = ChatSession(loaded.model, loaded.tokenizer, options)
+            fresh = driven_session(loaded.model, loaded.tokenizer, options)
             started = time.perf_counter()
-            events = list(restored(fresh, saved, journal.path, key if kind == "resume" else None))
+            events = list(
+                fresh.restore(*state_to_restore(saved, journal.path, key if kind == "resume" else None, fresh.settings))
+            )
             times.append(time.perf_counter() - started)
             expected = Resumed if kind == "resume" else Replayed
             if not isinstance(events[-1], expected):
@@ -92,8 +95,8 @@ def main() -> None:
     )
 
     following = "Summarise our conversation in one sentence."
-    resumed = ChatSession(loaded.model, loaded.tokenizer, options)
-    list(restored(resumed, saved, journal.path, key))
+    resumed = driven_session(loaded.model, loaded.tokenizer, options)
+    list(resumed.restore(*state_to_restore(saved, journal.path, key, resumed.settings)))
     theirs = [e for e in session.chat(following) if isinstance(e, TurnFinished)][-1].reply
     ours = [e for e in resumed.chat(following) if isinstance(e, TurnFinished)][-1].reply
     print(f"next sampled reply identical to the uninterrupted session's: {ours == theirs}")

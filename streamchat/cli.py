@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from streamchat import __version__
-from streamchat.app import cli as app_commands
+from streamchat.app import commands as app_commands
 from streamchat.app.tensor_parallel import with_optional_tp_value
 from streamchat.bench.commands import bench_app
 from streamchat.interface import signals

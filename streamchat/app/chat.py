@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamchat import defaults
-from streamchat.app import commands
+from streamchat.app import slash_commands as commands
 from streamchat.app.repl import Prompter
 from streamchat.app.resuming import load_session
 from streamchat.app.typeahead import keys_held
@@ -132,7 +132,7 @@ class ChatApp:
                 display.notice("system prompt set; the conversation was replayed behind it")
             case commands.Set(key=None):
                 display.table("settings", session.options())
-            case commands.Set(key=key, value=value):
+            case commands.Set(key=str(key), value=str(value)):  # the parser gives a key its value
                 session.update_settings(**parse_option(key, value))  # the text typed, parsed once
                 shown = dict(session.options())  # recall is not among them: session files do not keep it
                 display.notice(f"{key} = {shown.get(key, value)}")
@@ -144,7 +144,7 @@ class ChatApp:
                 else:
                     state = save_state(session, where, self.state_key)
                     display.notice(f"the conversation is saved as it goes, in {where}{_state_words(state)}")
-            case commands.Save(path=path):
+            case commands.Save(path=Path() as path):
                 save_session(path, session.snapshot(tensors=False), self.model_name)
                 state = save_state(session, path, self.state_key)
                 display.notice(f"saved {len(session.transcript)} messages to {path}{_state_words(state)}")

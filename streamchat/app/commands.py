@@ -1,167 +1,276 @@
-"""Slash commands typed at the chat prompt: parsing, help texts and completion.
+"""The app's commands: `run`, `info`, `models` and `sessions` (streamchat.cli mounts them).
 
-A line is a command when it starts with "/" directly followed by a name: "/help",
-"/set top_p 0.9". Everything else is a message to the model, with one escape: a
-leading "//" stands for a single "/", so "//etc/hosts is empty" sends "/etc/hosts is
-empty". A "/" followed by a space, or alone, is sent as typed.
-
-Command names are case-insensitive; the argument is the rest of the line, spaces and all.
+Each parses its options, builds a validated RunConfig and hands over; the options that
+`bench` shares are declared once, in streamchat.interface.options.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+import json
+import os
+import sys
+from typing import Annotated
 
-from streamchat.errors import CommandError
+import typer
+from rich.console import Console
+from rich.text import Text
 
-
-@dataclass(frozen=True)
-class Help:
-    pass
-
-
-@dataclass(frozen=True)
-class Reset:
-    pass
-
-
-@dataclass(frozen=True)
-class Regen:
-    pass
-
-
-@dataclass(frozen=True)
-class System:
-    text: str = ""  # "": show the current system prompt
-
-
-@dataclass(frozen=True)
-class Set:
-    # Both None: show the current settings. Keys are validated by the engine's settings.
-    key: str | None = None
-    value: str | None = None
-
-
-@dataclass(frozen=True)
-class Save:
-    path: Path | None = None  # None: the caller's default session file
-
-
-@dataclass(frozen=True)
-class Load:
-    path: Path
-
-
-@dataclass(frozen=True)
-class Stats:
-    pass
-
-
-@dataclass(frozen=True)
-class CacheInfo:
-    pass
-
-
-@dataclass(frozen=True)
-class Quit:
-    pass
-
-
-@dataclass(frozen=True)
-class ChatText:
-    """A line that is no command: text for the model (with the "//" escape undone); may be "" for an empty line."""
-
-    text: str
-
-
-Command = Help | Reset | Regen | System | Set | Save | Load | Stats | CacheInfo | Quit
-
-
-@dataclass(frozen=True)
-class CommandSpec:
-    name: str
-    usage: str
-    summary: str  # one line, for /help and completion menus
-    argument: Literal["none", "optional", "required"]
-    build: Callable[[str], Command]  # from the argument, "" when absent
-
-
-def _set_command(argument: str) -> Set:
-    if not argument:
-        return Set()
-    key, *value = argument.split(maxsplit=1)
-    if not value:
-        raise CommandError(f"/set {key} needs a value; usage: {_SET_USAGE}")
-    return Set(key, value[0])
-
-
-def _save_command(argument: str) -> Save:
-    return Save(Path(argument).expanduser() if argument else None)
-
-
-def _load_command(argument: str) -> Load:
-    return Load(Path(argument).expanduser())
-
-
-_SET_USAGE = "/set [KEY VALUE]"
-
-COMMANDS: tuple[CommandSpec, ...] = (
-    CommandSpec("help", "/help", "show these commands", "none", lambda _: Help()),
-    CommandSpec("reset", "/reset", "start a new conversation (empties the cache)", "none", lambda _: Reset()),
-    CommandSpec("regen", "/regen", "answer the last message again", "none", lambda _: Regen()),
-    CommandSpec("system", "/system [TEXT]", "set the system prompt, or show it", "optional", System),
-    CommandSpec("set", _SET_USAGE, "change a setting, or show them all", "optional", _set_command),
-    CommandSpec("save", "/save [FILE]", "say where it is saved, or save a copy as JSON", "optional", _save_command),
-    CommandSpec("load", "/load FILE", "load a saved conversation", "required", _load_command),
-    CommandSpec("stats", "/stats", "show speed and token counts", "none", lambda _: Stats()),
-    CommandSpec("cache", "/cache", "show what the cache holds", "none", lambda _: CacheInfo()),
-    CommandSpec("quit", "/quit", "leave streamchat (also /exit)", "none", lambda _: Quit()),
+from streamchat import defaults
+from streamchat.app.launch import announce_load, load, run_chat
+from streamchat.app.listings import (
+    cache_note,
+    catalog_record,
+    model_summary,
+    models_table,
+    session_record,
+    sessions_table,
 )
-ALIASES = {"exit": "quit"}
-_SPECS = {spec.name: spec for spec in COMMANDS}
-_NAMES = (*_SPECS, *ALIASES)
+from streamchat.app.resuming import with_saved_layout
+from streamchat.app.tensor_parallel import run_tensor_parallel, wants_tensor_parallel
+from streamchat.interface.config import chosen_options, config_file_location, load_options, load_run_config
+from streamchat.interface.options import (
+    CACHE_PANEL,
+    AllowPickleOption,
+    DeviceMapOption,
+    DeviceOption,
+    DtypeOption,
+    KeepOption,
+    KvCacheOption,
+    ModelOption,
+    QuantizeOption,
+    RecallOption,
+    TpOption,
+    TrustRemoteCodeOption,
+    WindowOption,
+    given_options,
+    listed,
+    option,
+)
+from streamchat.interface.reporting import reported_errors, stderr
+from streamchat.interface.safe_text import safe_text
+from streamchat.interface.tables import print_table
+from streamchat.interface.transcript import OUTPUT_FORMATS, TRANSCRIPT_FORMATS, TURN_SPLITS
+from streamchat.loading.catalog import model_catalog
+from streamchat.loading.conversion import cache_root, cached_model_bytes
+from streamchat.sessions.keeping import data_dir
+from streamchat.storage.session_file import list_sessions
+
+stdout = Console(highlight=False, emoji=False)
+
+RUN_EPILOG = (
+    "Every option can also be set in the config file "
+    f"({config_file_location(os.environ)}, e.g. window = 4000) or as an environment variable "
+    "(STREAMCHAT_WINDOW=4000); the command line wins. In the chat, /help lists the commands."
+)
+GENERATION, DISPLAY, TRANSCRIPT, SESSION = "Generation", "Display", "Transcript", "Session"
+CACHE = CACHE_PANEL
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
-def parse_line(line: str) -> Command | ChatText:
-    """A command for a "/name ..." line, else the message to send; CommandError for a bad command."""
-    text = line.strip()
-    if text.startswith("//"):
-        return ChatText(text[1:])
-    if not text.startswith("/") or len(text) == 1 or text[1].isspace():
-        return ChatText(text)
-    word, *rest = text[1:].split(maxsplit=1)
-    name = word.lower()
-    spec = _SPECS.get(ALIASES.get(name, name))
-    if spec is None:
-        raise CommandError(_unknown_command_message(word))
-    argument = rest[0] if rest else ""
-    if argument and spec.argument == "none":
-        raise CommandError(f"/{name} takes no argument; usage: {spec.usage}")
-    if not argument and spec.argument == "required":
-        raise CommandError(f"/{name} needs an argument; usage: {spec.usage}")
-    return spec.build(argument)
+def models(as_json: JsonOption = False) -> None:
+    """List the model aliases, what each resolves to, and which load offline right now."""
+    with reported_errors():
+        entries = model_catalog()
+    if as_json:
+        typer.echo(json.dumps([catalog_record(entry) for entry in entries], indent=2, ensure_ascii=False))
+    else:
+        print_table(stdout, models_table(entries))
+        note = cache_note(cache_root(), cached_model_bytes())
+        if note is not None:
+            stderr.print(note)
 
 
-def _unknown_command_message(word: str) -> str:
-    close = difflib.get_close_matches(word.lower(), _NAMES, n=1)
-    hint = f"did you mean /{close[0]}?" if close else "type /help to list the commands"
-    return f"unknown command /{word}; {hint} (start a message with // to send it as text)"
+def sessions(as_json: JsonOption = False) -> None:
+    """List the saved sessions, newest first: when, model, turns and the first message (`/load FILE` resumes one)."""
+    directory = data_dir() / "sessions"
+    summaries, problems = list_sessions(directory)
+    for problem in problems:
+        stderr.print(Text.assemble(("warning: ", "yellow"), safe_text(problem)))
+    if as_json:
+        typer.echo(json.dumps([session_record(summary) for summary in summaries], indent=2, ensure_ascii=False))
+    elif summaries:
+        print_table(stdout, sessions_table(summaries))
+    else:
+        stderr.print(Text(f"no saved sessions in {directory}"))
 
 
-def complete(text_before_cursor: str, setting_keys: Iterable[str] = ()) -> list[str]:
-    """Completions for the word being typed: a command name after "/", a key after "/set ".
+def info(
+    context: typer.Context,
+    model: ModelOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
+    device_map: DeviceMapOption = None,
+    trust_remote_code: TrustRemoteCodeOption = None,
+    allow_pickle: AllowPickleOption = None,
+) -> None:
+    """Load a model and print a summary of it (options as for `run`, also from the config file and environment)."""
+    with reported_errors():
+        config = load_run_config(given_options(context))
+    announce_load(config.model)
+    print_table(stdout, model_summary(load(load_options(config))))
 
-    Each completion replaces the text after the last space (prompt_toolkit's
-    document.get_word_before_cursor(WORD=True)).
-    """
-    words = text_before_cursor.split(" ")
-    if len(words) == 1 and words[0].startswith("/") and not words[0].startswith("//"):
-        prefix = words[0][1:].lower()
-        return [f"/{name}" for name in _NAMES if name.startswith(prefix)]
-    if len(words) == 2 and words[0].lower() == "/set":
-        return [key for key in setting_keys if key.startswith(words[1])]
-    return []
+
+def run(
+    context: typer.Context,
+    model: ModelOption = None,
+    keep: KeepOption = None,
+    window: WindowOption = None,
+    eviction: Annotated[
+        str | None,
+        option(
+            f"{listed(defaults.EVICTION_POLICIES)}. token: evict just what each step needs (keeps the most "
+            "context). turn: reserve room for the prompt and the whole reply before each turn (the paper's demo). "
+            f"\\[default: {defaults.EVICTION_POLICY}]",
+            "--eviction",
+            "--evict",
+            panel=CACHE,
+            metavar="POLICY",
+        ),
+    ] = None,
+    recall: RecallOption = None,
+    read_all: Annotated[
+        bool | None,
+        option(
+            "A message longer than the cache holds: --read-tail reads its start and its last two windows "
+            "(the model could not see the rest anyway); --read-all streams every token, with progress. "
+            "\\[default: --read-tail]",
+            "--read-all/--read-tail",
+            panel=CACHE,
+            metavar="",
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        option(
+            f"Longest reply, in tokens. \\[default: the model's, else {defaults.MAX_NEW_TOKENS}]",
+            panel=GENERATION,
+            metavar="N",
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None, option("0 is greedy. \\[default: the model's, else 0.7]", panel=GENERATION, metavar="NUMBER")
+    ] = None,
+    top_p: Annotated[
+        float | None,
+        option("Nucleus sampling: keep the likeliest tokens up to this mass.", panel=GENERATION, metavar="NUMBER"),
+    ] = None,
+    top_k: Annotated[
+        int | None, option("Keep the N likeliest tokens (0 = off).", panel=GENERATION, metavar="N")
+    ] = None,
+    min_p: Annotated[
+        float | None,
+        option("Drop tokens below min-p times the likeliest's probability.", panel=GENERATION, metavar="NUMBER"),
+    ] = None,
+    repetition_penalty: Annotated[
+        float | None, option("Above 1 discourages tokens already in the cache.", panel=GENERATION, metavar="NUMBER")
+    ] = None,
+    frequency_penalty: Annotated[
+        float | None,
+        option(
+            "-2 to 2: subtracted from a token's logit once for each time the reply used it (OpenAI's; 0 = off).",
+            panel=GENERATION,
+            metavar="NUMBER",
+        ),
+    ] = None,
+    presence_penalty: Annotated[
+        float | None,
+        option(
+            "-2 to 2: subtracted from the logit of each token the reply already used (OpenAI's; 0 = off).",
+            panel=GENERATION,
+            metavar="NUMBER",
+        ),
+    ] = None,
+    seed: Annotated[int | None, option("Seed for reproducible sampling.", panel=GENERATION, metavar="N")] = None,
+    stop: Annotated[
+        list[str] | None,
+        option("End a reply where this text appears (repeat for several).", panel=GENERATION, metavar="TEXT"),
+    ] = None,
+    system: Annotated[str | None, option("System prompt.", panel=GENERATION, metavar="TEXT")] = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
+    device_map: DeviceMapOption = None,
+    tp: TpOption = None,
+    compile: Annotated[
+        str | None,
+        option(
+            f"Compile the decode step into one graph (CUDA graphs on a GPU): {listed(defaults.COMPILE_SETTINGS)}. "
+            "auto: on for CUDA, off on CPU, where it does not pay. The first start compiles for a minute or so; "
+            f"later starts reuse the compiled code. \\[default: {defaults.COMPILE}]",
+            metavar="MODE",
+        ),
+    ] = None,
+    trust_remote_code: TrustRemoteCodeOption = None,
+    allow_pickle: AllowPickleOption = None,
+    markdown: Annotated[
+        bool | None, option("Render replies as Markdown.", "--markdown/--plain", panel=DISPLAY, metavar="")
+    ] = None,
+    transcript: Annotated[
+        str | None,
+        option(
+            "Read user turns from FILE instead of the prompt ('example' plays a shipped sample). "
+            "Without it, turns come from stdin when stdin or stdout is not a terminal.",
+            panel=TRANSCRIPT,
+            metavar="FILE",
+        ),
+    ] = None,
+    transcript_format: Annotated[
+        str | None,
+        option(
+            f"How the transcript file is read: {listed(TRANSCRIPT_FORMATS)}. \\[default: {defaults.TRANSCRIPT_FORMAT}]",
+            panel=TRANSCRIPT,
+            metavar="FORMAT",
+        ),
+    ] = None,
+    turns: Annotated[
+        str | None,
+        option(
+            f"Plain text: {listed(TURN_SPLITS)}, one turn per line or turns separated by blank lines. "
+            f"\\[default: {defaults.TRANSCRIPT_TURNS}]",
+            panel=TRANSCRIPT,
+            metavar="SPLIT",
+        ),
+    ] = None,
+    output_format: Annotated[
+        str | None,
+        option(
+            f"How the transcript is written to stdout: {listed(OUTPUT_FORMATS)}. \\[default: {defaults.OUTPUT_FORMAT}]",
+            panel=TRANSCRIPT,
+            metavar="FORMAT",
+        ),
+    ] = None,
+    continue_: Annotated[
+        bool | None,
+        option(
+            "Go on with the most recent conversation, exactly where it stopped (its saved cache state, else a "
+            "replay). Its settings and system prompt come with it, and its --keep and --window unless given.",
+            "--continue",
+            panel=SESSION,
+            metavar="",
+        ),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        option(
+            "Go on with this conversation: a session file, or its id (see `streamchat sessions`); as --continue.",
+            panel=SESSION,
+            metavar="FILE|ID",
+        ),
+    ] = None,
+) -> None:
+    """Chat with a model, forever: every turn streams through one sink + window cache."""
+    with reported_errors():
+        given = given_options(context)
+        # Before --tp hands the configuration to its ranks: every rank lays out its cache the same way.
+        config = with_saved_layout(load_run_config(given), chosen_options(given))
+    try:
+        with reported_errors():
+            code = run_tensor_parallel(config, load) if wants_tensor_parallel(config) else run_chat(config, load)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    raise typer.Exit(code)

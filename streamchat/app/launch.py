@@ -29,14 +29,14 @@ from streamchat.interface.safe_text import safe_text
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 from streamchat.placement.quantization import precision_label
-from streamchat.sessions.building import session_for
+from streamchat.sessions.building import driven_session_for
 from streamchat.sessions.keeping import data_dir, save_state, state_key
 
 if TYPE_CHECKING:
     from prompt_toolkit.formatted_text import StyleAndTextTuples
 
     from streamchat.conversation.calls import Conversation
-    from streamchat.conversation.session import ChatSession
+    from streamchat.conversation.driven import DrivenSession
     from streamchat.storage.cache_file import StateKey
     from streamchat.storage.journal import Journal
 
@@ -69,7 +69,7 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
             f"{max(1, loaded.max_context - kept)})",
             highlight=False,
         )
-    if interactive:
+    if items is None:  # interactive: no transcript is read
         return _interactive(config, loaded, session, resume, key)
     return _piped(config, loaded, session, items, resume, key)
 
@@ -143,10 +143,10 @@ def _first_read(items: Iterator[TranscriptItem]) -> Iterator[TranscriptItem]:
 
 
 def _transcript_items(config: RunConfig) -> Iterator[TranscriptItem]:
-    options = {"transcript_format": config.transcript_format, "turns": config.turns}
+    transcript_format, turns = config.transcript_format, config.turns
     if config.transcript is not None:
-        return read_transcript_file(config.transcript, **options)
-    return read_transcript(sys.stdin.buffer, "<stdin>", **options)
+        return read_transcript_file(config.transcript, transcript_format=transcript_format, turns=turns)
+    return read_transcript(sys.stdin.buffer, "<stdin>", transcript_format=transcript_format, turns=turns)
 
 
 def announce_load(model: str) -> None:
@@ -184,8 +184,8 @@ def _garbage_collection_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[ChatSession, StateKey]:
-    return session_for(config, loaded), state_key(config, loaded)
+def _session_and_key(config: RunConfig, loaded: LoadedModel) -> tuple[DrivenSession, StateKey]:
+    return driven_session_for(config, loaded), state_key(config, loaded)
 
 
 def _banner(config: RunConfig, loaded: LoadedModel, session: Conversation) -> str:

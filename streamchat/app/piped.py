@@ -68,7 +68,7 @@ def resume_conversation(
     session: Conversation,
     journal: Journal,
     path: Path,
-    key: StateKey,
+    key: StateKey | None,
     display: ChatDisplay | None,
     report: Any,
 ) -> None:

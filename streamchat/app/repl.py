@@ -17,8 +17,8 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
-from streamchat.app.commands import complete
-from streamchat.generation.events import CacheStats
+from streamchat.app.slash_commands import complete
+from streamchat.cache.ledger import CacheStats
 from streamchat.interface.status import BAR_CHARACTERS, bar_segments, fit_status
 
 BLOCK_QUOTE = '"""'

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from streamchat.errors import ConfigError
 from streamchat.interface.config import replaced
-from streamchat.sessions.keeping import data_dir, restored
+from streamchat.sessions.keeping import data_dir, state_to_restore
 from streamchat.storage.cache_file import StateKey, saved_key, state_path
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal, release_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, SavedSession, read_session, saved_layout
@@ -79,7 +79,7 @@ def load_session(
 ) -> tuple[Iterator[Event], SavedSession]:
     """Replace the conversation with the one saved at `path`, to go on with it in that same file.
 
-    Returns the events of restoring it (`restored`), to be consumed by the caller, and the
+    Returns the events of restoring it (`session.restore`), to be consumed by the caller, and the
     session read. A journal another streamchat holds, or a file the session
     cannot use, changes nothing.
     """
@@ -89,7 +89,7 @@ def load_session(
     # Claimed first: a file another streamchat is writing, or one the session cannot use, changes nothing.
     claimed = claim_journal(path) if saved.version == JOURNAL_VERSION and not is_current else None
     try:
-        events = restored(session, saved, path, key)
+        events = session.restore(*state_to_restore(saved, path, key, session.settings))
     except BaseException:
         if claimed is not None:
             release_journal(claimed)

@@ -58,6 +58,8 @@ def run_tensor_parallel(config: RunConfig, load: Callable[[LoadOptions], LoadedM
                 "--tp without a number joins the processes torchrun started, and this is not one: run "
                 "`torchrun --nproc-per-node N -m streamchat run --tp ...`, or give --tp N to start N here"
             )
+        if not isinstance(config.tp, int):  # None: wants_tensor_parallel(config) was not asked first
+            raise ConfigError("tensor parallelism needs --tp N, a number of ranks")
         from streamchat.interface.reporting import notify
         from streamchat.loading.loader import check_shardable
 
@@ -98,7 +100,7 @@ def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOpti
     from streamchat.distributed.follower import follow
     from streamchat.distributed.leader import LeaderSession
     from streamchat.distributed.lockstep import Lockstep
-    from streamchat.sessions.building import session_for
+    from streamchat.sessions.building import driven_session_for, driver_for, session_for
 
     lockstep = Lockstep(group)
     config = _shared_config(config, lockstep)
@@ -111,13 +113,13 @@ def _as_rank(config: RunConfig, ranks: Any, group: Any, load: Callable[[LoadOpti
         return load(dataclasses.replace(options, tp_size=ranks.world_size))
 
     if not ranks.leads:
-        follow(session_for(config, load_shard(load_options(config)), channel=lockstep), lockstep)
+        follow(driven_session_for(config, load_shard(load_options(config)), channel=lockstep), lockstep)
         return 0
     leader: LeaderSession | None = None
 
     def build(config: RunConfig, loaded: LoadedModel) -> tuple[LeaderSession, None]:
         nonlocal leader
-        leader = LeaderSession(session_for(config, loaded, channel=lockstep), lockstep)
+        leader = LeaderSession(session_for(config, loaded, channel=lockstep), driver_for(config, loaded), lockstep)
         return leader, None  # no cache states: each rank holds a shard of the cache
 
     try:

@@ -23,6 +23,7 @@ from streamchat.interface.options import (
     DtypeOption,
     Group,
     KeepOption,
+    KvCacheOption,
     ModelOption,
     QuantizeOption,
     TpOption,
@@ -56,6 +57,7 @@ def ppl(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
 ) -> None:
@@ -75,7 +77,7 @@ def ppl(
         if "keep" in chosen_policies:
             bench.require_keep_fits(sizes)
         content = bench.read_text(text, start_at)
-        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
+        loaded = ModelChoice(model, device, dtype, quantize, kv_cache=kv_cache).bench_model()
         ids = bench.first_tokens(content, loaded.tokenizer, sizes.tokens, loaded.device)
         runs = bench.run_policies(loaded.model, ids, chosen_policies, sizes, stderr)
         rows = bench.summary_rows(runs, sizes)
@@ -105,6 +107,7 @@ def speed(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
     tp: TpOption = None,
@@ -116,7 +119,7 @@ def speed(
     """
     from streamchat.bench import speed as bench
 
-    choice = ModelChoice(model, device, dtype, quantize, random_init)
+    choice = ModelChoice(model, device, dtype, quantize, random_init, kv_cache)
     if tp is not None:
         with reported_errors():
             raise typer.Exit(bench.tp_speed(tp, choice, window, steps, stderr.print))
@@ -153,6 +156,7 @@ def keep(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
 ) -> None:
@@ -166,7 +170,7 @@ def keep(
     def measure(sizes: bench.KeepSizes) -> Report:
         items = read_transcript_file(str(transcript), transcript_format="auto", turns="line")
         texts = bench.user_turns((item.text for item in items if isinstance(item, UserTurn)), sizes.turns)
-        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
+        loaded = ModelChoice(model, device, dtype, quantize, kv_cache=kv_cache).bench_model()
         conversation = bench.generate_conversation(
             loaded.model,
             loaded.tokenizer,
@@ -287,6 +291,7 @@ def decode(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
 ) -> None:
@@ -301,7 +306,7 @@ def decode(
     from streamchat.bench import decode as bench
     from streamchat.loading.conversion import use_compile_cache
 
-    choice = ModelChoice(model, device, dtype, quantize, random_init)
+    choice = ModelChoice(model, device, dtype, quantize, random_init, kv_cache)
 
     def measure(sizes: bench.DecodeSizes) -> Report:
         config = choice.config()
@@ -363,6 +368,7 @@ def serve(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
 ) -> None:
@@ -388,10 +394,9 @@ def serve(
         return sizes_for(quick, bench.FULL, bench.QUICK, **given)
 
     def measure(sizes: bench.ServeSizes) -> Report:
-        config = ModelChoice(model, device, dtype, quantize).config(keep=keep, window=sizes.window)
-        model_options = bench.serve_options(
-            model=model, keep=keep, window=sizes.window, device=device, dtype=dtype, quantize=quantize
-        )
+        choice = ModelChoice(model, device, dtype, quantize, kv_cache=kv_cache)
+        config = choice.config(keep=keep, window=sizes.window)
+        model_options = bench.serve_options(**choice.given(), keep=keep, window=sizes.window)
         gguf, reason = bench.llama_cpp_gguf(config.model, llama_server)
         if gguf is None:
             stderr.print(reason, markup=False)

@@ -27,6 +27,7 @@ each row reports its median.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -42,12 +43,13 @@ from streamchat.bench.options import require_at_least
 from streamchat.cache import SinkCache
 from streamchat.conversation.message import Message
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.decoding import endless_reply
 from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.aten_calls import decode_aten_calls_per_token
 from streamchat.measure.bandwidth import (
+    cache_bytes_per_token,
     gguf_bytes_per_token,
     kv_bytes_per_token,
     measure_bandwidth,
@@ -106,6 +108,7 @@ class Subject:
     ids: torch.Tensor  # [1, n]
     precision: str  # "bfloat16 int8", "float32"
     parameters: int  # counted before quantizing
+    kv_cache: str = "full"  # how its caches store keys and values (--kv-cache as settled)
 
     @property
     def device(self) -> torch.device:
@@ -168,12 +171,12 @@ def streamchat_decode(subject: Subject, sizes: DecodeSizes, compile_backend: str
     decoder = Decoder(cache)
     logits = read_prompt(model, cache, subject.ids[0].tolist())
     decoder.start(logits, GenerationSettings(temperature=0.0), Sampler(0))
-    step = engine_step(model, decoder, compile_backend)
-    step()  # the first step: it compiles, when compiling
+    next_token = endless_reply(model, decoder, compile_backend)
+    next_token()  # the first step: it compiles, when compiling
     synchronize(subject.device)
     started = time.perf_counter()
     for _ in range(sizes.max_new_tokens - 1):
-        step()
+        next_token()
     synchronize(subject.device)
     return (time.perf_counter() - started) / (sizes.max_new_tokens - 1)
 
@@ -231,7 +234,7 @@ def subject(choice: ModelChoice, config: RunConfig, setting: Setting, sizes: Dec
         ids = filling_ids(loaded.model, sizes)
     else:
         ids = prompt_ids(loaded.tokenizer, loaded.device)
-    return Subject(loaded.model, ids, loaded.precision, loaded.parameters)
+    return Subject(loaded.model, ids, loaded.precision, loaded.parameters, loaded.kv_cache)
 
 
 def llama_cpp_file(model: str, random_init: str | None, device_type: str, say: Callable[[str], None]) -> Path | None:
@@ -261,6 +264,8 @@ def columns() -> list[Column]:
         Column("engine", "engine"),
         Column("setting", "model loaded as"),
         Column("precision", "precision"),
+        Column("kv_cache", "KV cache"),
+        Column("kv_mb_per_token", "KV MB/token", "{:.1f}"),
         Column("ms_per_token", "ms/token", "{:.1f}"),
         Column("aten_calls_per_token", "aten calls/token"),
         Column("tokens_per_second", "tok/s", "{:.1f}"),
@@ -357,7 +362,7 @@ def measure(
         (
             contender.name,
             contender.setting.label,
-            lambda size, contender=contender: contender.decode(subjects[contender.setting.label], size),
+            functools.partial(contender.decode, subjects[contender.setting.label]),
         )
         for contender in rows
     ]
@@ -393,17 +398,21 @@ def measure(
     }
     found = []
     for (engine, label, _), measured in zip(runs, seconds, strict=True):
-        if engine == "llama.cpp":
+        if engine == "llama.cpp" and gguf is not None:  # its row is there only with a GGUF
             limit = (gguf_bytes_per_token(gguf) + kv_bytes_per_token(first.model, context, 2)) / bandwidth
             found.append(row(engine, label, measured, limit))
             continue
         subject = subjects[label]
-        element = torch.finfo(subject.model.dtype).bits // 8
-        limit = (
-            weight_bytes_per_token(subject.model) + kv_bytes_per_token(subject.model, context, element)
-        ) / bandwidth
+        kv_format = "full" if engine == GENERATE else subject.kv_cache  # generate() keeps its StaticCache
+        kv_bytes = cache_bytes_per_token(subject.model, context, kv_format)
+        limit = (weight_bytes_per_token(subject.model) + kv_bytes) / bandwidth
         found.append(
             row(engine, label, measured, limit)
-            | {"precision": subject.precision, "aten_calls_per_token": calls.get((engine, label))}
+            | {
+                "precision": subject.precision,
+                "aten_calls_per_token": calls.get((engine, label)),
+                "kv_cache": kv_format,
+                "kv_mb_per_token": kv_bytes / 1e6,
+            }
         )
     return found, left_out

@@ -20,7 +20,8 @@ from rich.console import Console
 from streamchat import defaults
 from streamchat.bench.options import require_at_least
 from streamchat.cache.ledger import SMALLEST_WINDOW
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.driven import DrivenSession, driven_session
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.display import ChatDisplay
@@ -64,7 +65,7 @@ class DisplayOverhead:
 def measure_display_overhead(model: Any, tokenizer: Any, sizes: DisplaySizes) -> DisplayOverhead:
     """Answer the prompt `sizes.trials` times per side, greedily, from a fresh session each time."""
     settings = GenerationSettings(max_new_tokens=sizes.max_new_tokens, temperature=0.0)
-    session = ChatSession(model, tokenizer, SessionOptions(keep=sizes.sinks, window=sizes.window, settings=settings))
+    session = driven_session(model, tokenizer, SessionOptions(keep=sizes.sinks, window=sizes.window, settings=settings))
     with open(os.devnull, "w", encoding="utf-8") as sink:
         display = ChatDisplay(Console(file=sink, force_terminal=True, width=100, height=40))
         engine: list[TurnFinished] = []
@@ -82,7 +83,7 @@ def measure_display_overhead(model: Any, tokenizer: Any, sizes: DisplaySizes) ->
     )
 
 
-def _reply(session: ChatSession, show: Any) -> TurnFinished:
+def _reply(session: DrivenSession, show: Any) -> TurnFinished:
     """Answer the prompt from a fresh session, through `show` (the display) or with no display (None)."""
     session.reset()
     finished: list[TurnFinished] = []

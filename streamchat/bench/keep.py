@@ -27,9 +27,10 @@ from streamchat import defaults
 from streamchat.bench.options import require_at_least
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import SMALLEST_WINDOW
+from streamchat.conversation.driven import driven_session
 from streamchat.conversation.kept_prefix import Keep, kept_tokens
 from streamchat.conversation.message import Message
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
@@ -94,7 +95,7 @@ def generate_conversation(
     """The conversation both caches read: each turn answered greedily through a --keep system cache."""
     settings = GenerationSettings(max_new_tokens=sizes.reply_tokens, temperature=0.0)
     options = SessionOptions(window=sizes.window, settings=settings, system_prompt=SYSTEM_PROMPT, recall="off")
-    session = ChatSession(model, tokenizer, options)
+    session = driven_session(model, tokenizer, options)
     for number, text in enumerate(turns, start=1):
         for event in session.chat(text):
             if isinstance(event, TurnFinished):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 import typer
 
@@ -18,8 +18,14 @@ from streamchat.errors import ConfigError
 
 DEFAULT_OUT = Path(defaults.BENCH_OUT_DIR)
 WINDOW_HELP = "Recent tokens kept in the rolling window."
+
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+
 # A frozen dataclass of sizes (PplSizes, SpeedSizes) that validates itself when built.
-Sizes = TypeVar("Sizes")
+Sizes = TypeVar("Sizes", bound=_Dataclass)
 
 
 def sizes_for(quick: bool, full: Sizes, quick_sizes: Sizes, **options: object) -> Sizes:

@@ -14,6 +14,7 @@ any chunk size and reads larger ones.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -178,7 +179,7 @@ def run_policies(
     with Progress(*columns, console=console, transient=True) as progress:
         for policy in policies:
             task = progress.add_task(policy, total=ids.shape[-1] - 1)
-            run = run_policy(model, ids, policy, sizes, lambda count, task=task: progress.advance(task, count))
+            run = run_policy(model, ids, policy, sizes, functools.partial(progress.advance, task))
             progress.remove_task(task)
             progress.console.print(f"{policy:>9}: PPL {run.ppl():.2f} in {run.seconds:.1f} s")
             runs.append(run)

@@ -24,9 +24,12 @@ from streamchat import defaults
 from streamchat.bench.options import require_at_least
 from streamchat.cache.ledger import SMALLEST_WINDOW
 from streamchat.conversation.message import Message
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import ChatSession
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.conversation.state import ConversationState, RecalledNote
+from streamchat.engine.engine import Engine
 from streamchat.errors import ConfigError
+from streamchat.generation.driver import Driver
 from streamchat.generation.events import Event, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.perplexity import answer_log_prob
@@ -121,6 +124,7 @@ class RecallBench:
         self.session = ChatSession(
             model, tokenizer, SessionOptions(window=sizes.window, settings=settings, recall="off")
         )
+        self.driver = Driver(Engine(model))  # the process's: it runs the session's moves
         self.device = model.get_input_embeddings().weight.device
 
     def run(
@@ -149,7 +153,7 @@ class RecallBench:
         stated: list[tuple[Fact, int, Asked]] = []
         for number, fact in enumerate(facts, start=1):
             message = len(session.transcript)
-            _drain(session.chat(fact.statement))
+            _drain(self.driver.run(session.chat(fact.statement)))
             stated.append((fact, message, self.ask([fact], ("off",))["off"][0]))
             self.on_step(f"fact {number}/{len(facts)} stated and asked while in the window")
         last_fact = stated[-1][1]
@@ -157,7 +161,7 @@ class RecallBench:
         while session.cache_view().forgotten_messages <= last_fact + 1:
             if turns >= 20 * len(filler):
                 raise ConfigError("the facts never left the window: lower --window")
-            _drain(session.chat(filler[turns % len(filler)]))
+            _drain(self.driver.run(session.chat(filler[turns % len(filler)])))
             turns += 1
             self.on_step(f"filler turn {turns}: {session.cache_view().forgotten_messages} messages evicted")
         return stated
@@ -191,7 +195,7 @@ class RecallBench:
                 reply = ""
                 if greedy:
                     session.update_settings(max_new_tokens=self.sizes.answer_tokens)
-                    reply = _reply(session.chat(fact.question))
+                    reply = _reply(self.driver.run(session.chat(fact.question)))
                     session.update_settings(max_new_tokens=self.sizes.reply_tokens)
                     self._restore(state)
                 matched = greedy and fact.key.lower() in reply.lower()
@@ -215,21 +219,21 @@ class RecallBench:
                 {"role": "assistant", "content": replies[index % len(replies)]},
             ]
             index += 1
-        _drain(session.replay(messages))
+        _drain(self.driver.run(session.replay(messages)))
         session.update_settings(max_new_tokens=2)  # the first token is what is timed
         state = session.snapshot()
         sides: dict[str, list[float]] = {"off": [], "auto": []}
         for _ in range(self.sizes.repeats):
             for recall in sides:
                 session.recall = recall
-                finished = _finished(session.chat(facts[0].question))
+                finished = _finished(self.driver.run(session.chat(facts[0].question)))
                 sides[recall].append(finished.stats.time_to_first_token)
                 self._restore(state)
         session.recall = "off"
         return len(messages) // 2 + 1, statistics.median(sides["off"]), statistics.median(sides["auto"])
 
     def _restore(self, state: ConversationState) -> None:
-        _drain(self.session.restore(state))
+        _drain(self.driver.run(self.session.restore(state)))
 
 
 def _drain(events: Iterator[Event]) -> None:

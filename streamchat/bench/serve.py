@@ -123,14 +123,14 @@ def llama_cpp_server(
 ) -> ServerCommand:
     """llama.cpp's server on `gguf`: the binary (a slot of `n_ctx` per conversation) or llama-cpp-python's."""
     if llama_server is not None:
-        args = [str(llama_server), "-m", str(gguf), "--port", "{port}", "--host", HOST]
+        command = [str(llama_server), "-m", str(gguf), "--port", "{port}", "--host", HOST]
         # The context is shared by the slots: each conversation gets n_ctx.
-        args += ["-c", str(n_ctx * conversations), "-np", str(conversations)]
+        command += ["-c", str(n_ctx * conversations), "-np", str(conversations)]
         if context_shift:
-            args.append("--context-shift")
+            command.append("--context-shift")
         # A build tree's binary finds its shared libraries beside it.
         library_path = os.pathsep.join(filter(None, [str(llama_server.parent), os.environ.get("LD_LIBRARY_PATH")]))
-        return ServerCommand(LLAMA_CPP, tuple(args), "/health", (("LD_LIBRARY_PATH", library_path),))
+        return ServerCommand(LLAMA_CPP, tuple(command), "/health", (("LD_LIBRARY_PATH", library_path),))
     args = (sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", "{port}", "--host", HOST)
     return ServerCommand(LLAMA_CPP, (*args, "--n_ctx", str(n_ctx)), "/v1/models")
 
@@ -263,8 +263,7 @@ def summary_row(
     prompts = [reply.prompt_tokens for reply in late if reply.prompt_tokens is not None]
     reads = [reply.read_tokens for reply in late if reply.read_tokens is not None]
     every_ttft = [r.reply.ttft for r in records if r.reply.ttft is not None]
-    decoding = [decode_speed(r.reply) for r in records]
-    decoding = [speed for speed in decoding if speed is not None]
+    decoding = [speed for speed in (decode_speed(r.reply) for r in records) if speed is not None]
     failed = [r.turn for r in records if r.reply.error is not None or r.reply.empty]
     caches = [r.reply.cache for r in records if r.reply.cache]
     return {

@@ -136,7 +136,7 @@ def run_speed(
             streamed, fill = streaming.seen, streaming.fill
             # Which tokens the other two hold does not change their cost: the stream's first `fill`.
             dense.extend(stream[:, dense.fill : fill])
-            recompute.start(stream[:, :fill], streaming.logits)
+            recompute.start(stream[:, :fill], streaming.last_logits())
             latency, peak_memory = _time_steps(decoders, sizes.steps, probe, device)
             measurement = Measurement(streamed, fill, latency, peak_memory)
             measurements.append(measurement)
@@ -336,7 +336,7 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, say: Cal
     if not ranks.leads:
         follow(session, lockstep)
         leave_group_and_exit(0)
-    leader = LeaderSession(session, lockstep)
+    leader = LeaderSession(session.session, session.driver, lockstep)
     try:
         speed = measure_reply(loaded, window, steps, leader)
     finally:
@@ -347,10 +347,11 @@ def _as_rank(ranks: Any, options: LoadOptions, window: int, steps: int, say: Cal
 
 
 def _session(loaded: LoadedModel, window: int, steps: int, channel: Any = None) -> Any:
-    from streamchat.conversation.session import ChatSession, SessionOptions
+    from streamchat.conversation.driven import driven_session
+    from streamchat.conversation.session_options import SessionOptions
 
     settings = GenerationSettings(max_new_tokens=steps + 1, temperature=0.0, stop=())
-    return ChatSession(
+    return driven_session(
         loaded.model, loaded.tokenizer, SessionOptions(window=window, settings=settings, channel=channel, recall="off")
     )
 
@@ -372,4 +373,6 @@ def _finished(events: Any) -> TurnFinished:
     for event in events:
         if isinstance(event, TurnFinished):
             finished = event
+    if finished is None:
+        raise ConfigError("a reply ended without finishing")
     return finished

@@ -34,14 +34,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
 from streamchat.cache.layers import DecodeStorage, SinkLayer, SlidingLayer
-from streamchat.cache.ledger import NO_LABEL, Eviction
-from streamchat.cache.occupancy import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
+from streamchat.cache.ledger import NO_LABEL, Eviction, known_sliding
+from streamchat.cache.masks import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
+from streamchat.cache.quantized_kv import INT8, QuantizedWindow, Stored, widened
 from streamchat.cache.record import UNREAD
 from streamchat.cache.sink_cache import SinkCache, StepInputs
 from streamchat.errors import CacheStateError
@@ -67,6 +69,7 @@ class _Active:
     sliding_write: torch.Tensor | None  # [rows] in the sliding layers
     rotations: dict[int, tuple[torch.Tensor, torch.Tensor]]  # table index -> cos, sin [rows, 1, 1, rotary_dim]
     sink_rows: torch.Tensor  # [rows, 1, sinks, 1] True where a row has that sink
+    sinks: torch.Tensor  # int64 [rows]: each row's sinks
 
 
 def bucket(count: int) -> int:
@@ -80,10 +83,11 @@ class CacheBatch(Cache):
     def __init__(self) -> None:
         super().__init__(layers=[])
         self.members: list[SinkCache] = []
-        self._keys: list[torch.Tensor] = []  # per layer [pool rows, heads, width, dim]
-        self._values: list[torch.Tensor] = []
-        self._pristine: list[torch.Tensor | None] = []  # per sink layer [pool rows, heads, sinks, rotary_dim]
-        self._partners: list[torch.Tensor | None] = []
+        # Per layer, its slot tensors (layers.py: keys, values [pool rows, heads, width, dim], an int8 cache's
+        # scales) and a sink layer's sink tensors (pristine, partners [pool rows, heads, sinks, rotary_dim], an
+        # int8 cache's exact sinks), each pooled.
+        self._slot_pools: list[list[torch.Tensor]] = []
+        self._sink_pools: list[list[torch.Tensor] | None] = []
         self._active: _Active | None = None
 
     # ---- membership ------------------------------------------------------------------------
@@ -91,7 +95,7 @@ class CacheBatch(Cache):
     @property
     def capacity(self) -> int:
         """How many members the pool has rows for (it grows as they join, or reserve() grows it)."""
-        return self._keys[0].shape[0] if self._keys else 0
+        return self._slot_pools[0][0].shape[0] if self._slot_pools else 0
 
     def __contains__(self, cache: object) -> bool:
         return any(member is cache for member in self.members)
@@ -108,7 +112,7 @@ class CacheBatch(Cache):
         for cache in caches:
             if cache in self or any(other is cache for other in joining):
                 continue
-            if not cache.ledger.sinks_full or not all(layer.is_initialized for layer in cache.layers):
+            if not cache.ledger.sinks_full or not all(layer.is_initialized for layer in cache.ring_layers):
                 raise CacheStateError("a cache joins a batch once its sinks are filled")
             if not _same_layout((self.members or joining or [cache])[0], cache):
                 raise CacheStateError("every cache in a batch must be for the same model, dtype and device")
@@ -124,7 +128,7 @@ class CacheBatch(Cache):
     def reserve(self, rows: int, like: SinkCache) -> None:
         """Room for `rows` members laid out as `like` (its sinks filled), now rather than as they join: memory
         short for them fails here, and the first replies to start together wait for no allocation."""
-        if not like.ledger.sinks_full or not all(layer.is_initialized for layer in like.layers):
+        if not like.ledger.sinks_full or not all(layer.is_initialized for layer in like.ring_layers):
             raise CacheStateError("a batch is reserved after a cache whose sinks are filled")
         self._ensure_room(rows, [*self.members, like])
 
@@ -136,14 +140,14 @@ class CacheBatch(Cache):
         row = next((index for index, member in enumerate(self.members) if member is cache), None)
         if row is None:
             return
-        for layer in cache.layers:
+        for layer in cache.ring_layers:
             written = _written(cache, layer)
-            keys, values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)  # a new cache's, past them
-            keys[:, :, :written] = layer.keys[:, :, :written]
-            values[:, :, :written] = layer.values[:, :, :written]
-            layer.keys, layer.values = keys, values
+            owned = [torch.zeros_like(tensor) for tensor in layer.slot_tensors()]  # a new cache's, past them
+            for own, viewed in zip(owned, layer.slot_tensors(), strict=True):
+                own[:, :, :written] = viewed[:, :, :written]
+            layer.bind_slot_tensors(owned)
             if isinstance(layer, SinkLayer):
-                layer.pristine_sinks, layer.sink_partners = layer.pristine_sinks.clone(), layer.sink_partners.clone()
+                layer.bind_sink_tensors([tensor.clone() for tensor in layer.sink_tensors()])
         last = self.members.pop()
         if last is not cache:
             self.members[row] = last
@@ -180,46 +184,60 @@ class CacheBatch(Cache):
                 self._active = None
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's token [rows, heads, 1, dim] into its slot; the pool's rows [rows, heads, width, dim]."""
+        return widened(self.store(key_states, value_states, layer_idx))
+
+    def store(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> Stored:
+        """update() for attention that reads an int8 window as it is stored (SinkCache.store): the pool's rows, or
+        their QuantizedWindow."""
         active = self._active
         if active is None:
             raise CacheStateError("the batch was updated outside a step: call the model inside batch.decode_step")
-        layer = self.members[0].layers[layer_idx]
+        layer = self.members[0].ring_layers[layer_idx]
         sliding = isinstance(layer, SlidingLayer)
         width = active.sliding_width if sliding else active.width
-        keys = self._keys[layer_idx][: active.rows, :, :width]
-        values = self._values[layer_idx][: active.rows, :, :width]
-        rows = torch.arange(active.rows, device=keys.device)
+        pooled = [pool[: active.rows, :, :width] for pool in self._slot_pools[layer_idx]]
+        rows = torch.arange(active.rows, device=pooled[0].device)
         write = active.sliding_write if sliding else active.write
-        # Advanced indices around a slice: keys[rows, :, write] is [rows, heads, dim].
-        keys[rows, :, write] = key_states[:, :, 0]
-        values[rows, :, write] = value_states[:, :, 0]
-        if isinstance(layer, SinkLayer):
+        for stored, new in zip(pooled, layer.encoded(key_states, value_states), strict=True):
+            # Advanced indices around a slice: stored[rows, :, write] is [rows, heads, dim].
+            stored[rows, :, write] = new[:, :, 0]
+        sinks = self._sink_pools[layer_idx]
+        if sinks is not None:
             cos, sin = active.rotations[self.members[0]._table_of[layer_idx]]
-            pristine = self._pristine[layer_idx][: active.rows]
-            rotated = torch.addcmul(pristine * cos, self._partners[layer_idx][: active.rows], sin)
-            placed = keys[:, :, : pristine.shape[2], : pristine.shape[3]]
+            pristine, partners = sinks[0][: active.rows], sinks[1][: active.rows]
+            rotated = torch.addcmul(pristine * cos, partners, sin)
+            exact_keys = sinks[2][: active.rows] if layer.kv_format == INT8 else pooled[0]
+            placed = exact_keys[:, :, : pristine.shape[2], : pristine.shape[3]]
             placed.copy_(torch.where(active.sink_rows, rotated, placed))
-        return keys, values
+        if layer.kv_format != INT8:
+            return pooled[0], pooled[1]
+        if sinks is None:  # a sliding layer: no sinks
+            none = pooled[0].new_zeros(*pooled[0].shape[:2], 0, pooled[0].shape[3], dtype=layer.dtype)
+            return QuantizedWindow(
+                pooled[0], pooled[1], pooled[2], pooled[3], none, none, torch.zeros_like(active.sinks)
+            )
+        return QuantizedWindow(
+            pooled[0], pooled[1], pooled[2], pooled[3], sinks[2][: active.rows], sinks[3][: active.rows], active.sinks
+        )
 
     def decode_storage(self) -> DecodeStorage | None:
         """The open step's rows as a kernel that writes every layer itself takes them; None
         outside a step, or where a layer slides or layers rotate by more than one table."""
         active = self._active
-        if active is None or len(active.rotations) != 1 or any(each is None for each in self._pristine):
+        if active is None or len(active.rotations) != 1 or any(each is None for each in self._sink_pools):
             return None
         rows = active.rows
         cos, sin = next(iter(active.rotations.values()))  # [rows, 1, 1, rotary_dim]
-        return DecodeStorage(
+        return DecodeStorage.of(
+            [[pool[:rows] for pool in pools] for pools in self._slot_pools],
+            [[pool[:rows] for pool in pools] for pools in self._sink_pools if pools is not None],
+            self.members[0].kv_format,
             active.write,
             torch.tensor([member.sinks for member in self.members]),
             active.width,
-            [keys[:rows] for keys in self._keys],
-            [values[:rows] for values in self._values],
-            [pristine[:rows] for pristine in self._pristine],
-            [partners[:rows] for partners in self._partners],
             cos.reshape(rows, -1),
             sin.reshape(rows, -1),
         )
@@ -252,7 +270,7 @@ class CacheBatch(Cache):
         full = self._held([member.occupancy.held[:width] for member in members], width)
         sliding, sliding_width = None, 0
         if first.sliding is not None:
-            sliding_width = max(member.sliding.ring.extent for member in members)
+            sliding_width = max(known_sliding(member.sliding).ring.extent for member in members)
             sliding_held = [member.occupancy.sliding_held[:sliding_width] for member in members]
             sliding = self._held(sliding_held, sliding_width)
         rotations = {}
@@ -270,6 +288,7 @@ class CacheBatch(Cache):
             scalars[:, SLIDING_WRITE] if first.sliding is not None else None,
             rotations,
             sink_rows[:, None, :, None],
+            sinks,
         )
         position_ids = scalars[:, POSITION : POSITION + 1]  # [rows, 1]
         return input_ids, StepInputs(position_ids, self._attention_masks(full, sliding))
@@ -296,37 +315,38 @@ class CacheBatch(Cache):
 
     def _sink_columns(self) -> int:
         """As many sink columns as the pool's sink layers have (the widest member's that made it)."""
-        return next((pristine.shape[2] for pristine in self._pristine if pristine is not None), 0)
+        return next((pools[0].shape[2] for pools in self._sink_pools if pools is not None), 0)
 
     def _ensure_room(self, count: int, members: list[SinkCache]) -> None:
         """A pool with `count` rows (a bucket's worth) as wide as the widest of `members`; members moved over."""
         rows = bucket(count)
-        layers = range(len(members[0].layers))
-        widths = [max(member.layers[index].keys.shape[2] for member in members) for index in layers]
+        layers = range(len(members[0].ring_layers))
+        widths = [max(member.ring_layers[index].keys.shape[2] for member in members) for index in layers]
         sinks = max(member.sinks for member in members)
         if self.capacity >= rows and self._fits(widths, sinks):
             return
         rows = max(rows, self.capacity)
         template = members[0]
-        self._keys, self._values, self._pristine, self._partners = [], [], [], []
-        for layer, width in zip(template.layers, widths, strict=True):
-            heads, key_dim, value_dim = layer.keys.shape[1], layer.keys.shape[3], layer.values.shape[3]
-            self._keys.append(layer.keys.new_zeros(rows, heads, width, key_dim))
-            self._values.append(layer.values.new_zeros(rows, heads, width, value_dim))
-            if isinstance(layer, SinkLayer):
-                shape = (rows, heads, sinks, layer.pristine_sinks.shape[3])
-                self._pristine.append(layer.pristine_sinks.new_zeros(shape))
-                self._partners.append(layer.sink_partners.new_zeros(shape))
-            else:
-                self._pristine.append(None)
-                self._partners.append(None)
+        self._slot_pools, self._sink_pools = [], []
+        for layer, width in zip(template.ring_layers, widths, strict=True):
+            # [rows, heads, width or sinks, the tensor's own last dim]
+            self._slot_pools.append(
+                [each.new_zeros(rows, each.shape[1], width, each.shape[3]) for each in layer.slot_tensors()]
+            )
+            sink_tensors = layer.sink_tensors() if isinstance(layer, SinkLayer) else None
+            pooled = (
+                None
+                if sink_tensors is None
+                else [each.new_zeros(rows, each.shape[1], sinks, each.shape[3]) for each in sink_tensors]
+            )
+            self._sink_pools.append(pooled)
         for row, member in enumerate(self.members):
             self._copy_in(member, row)  # from its views of the old pool, which it keeps alive until rebound
 
     def _fits(self, widths: list[int], sinks: int) -> bool:
-        if any(keys.shape[2] < width for keys, width in zip(self._keys, widths, strict=True)):
+        if any(pools[0].shape[2] < width for pools, width in zip(self._slot_pools, widths, strict=True)):
             return False
-        return all(pristine is None or pristine.shape[2] >= sinks for pristine in self._pristine)
+        return all(pools is None or pools[0].shape[2] >= sinks for pools in self._sink_pools)
 
     def _copy_in(self, cache: SinkCache, row: int) -> None:
         """Copy `cache`'s storage into `row` and make its layers views of that row.
@@ -334,33 +354,36 @@ class CacheBatch(Cache):
         Only the slots it has written: the row's slots past them may hold an earlier member's, which its steps
         never attend to (no slot past the written ones is held) and leave() does not copy out.
         """
-        for index, layer in enumerate(cache.layers):
+        for index, layer in enumerate(cache.ring_layers):
             slots, written = layer.keys.shape[2], _written(cache, layer)
-            keys = self._keys[index][row : row + 1, :, :slots]
-            values = self._values[index][row : row + 1, :, :slots]
-            keys[:, :, :written] = layer.keys[:, :, :written]
-            values[:, :, :written] = layer.values[:, :, :written]
-            layer.keys, layer.values = keys, values
+            views = [pool[row : row + 1, :, :slots] for pool in self._slot_pools[index]]
+            for view, own in zip(views, layer.slot_tensors(), strict=True):
+                view[:, :, :written] = own[:, :, :written]
+            layer.bind_slot_tensors(views)
             if isinstance(layer, SinkLayer):
-                pristine = self._pristine[index][row : row + 1, :, : cache.sinks]
-                partners = self._partners[index][row : row + 1, :, : cache.sinks]
-                pristine.copy_(layer.pristine_sinks)
-                partners.copy_(layer.sink_partners)
-                layer.pristine_sinks, layer.sink_partners = pristine, partners
+                sink_pools = self._sink_pools[index]
+                if sink_pools is None:
+                    raise CacheStateError(f"layer {index} is a sink layer, but the pool has no sinks for it")
+                sink_views = [pool[row : row + 1, :, : cache.sinks] for pool in sink_pools]
+                for view, own in zip(sink_views, layer.sink_tensors(), strict=True):
+                    view.copy_(own)
+                layer.bind_sink_tensors(sink_views)
 
 
 def _written(cache: SinkCache, layer: SinkLayer | SlidingLayer) -> int:
     """The slots of `layer` that `cache` has written at least once: the first ones (the sinks, then the ring)."""
     if isinstance(layer, SinkLayer):
         return cache.sinks + cache.ledger.ring.extent
-    return cache.sliding.ring.extent
+    return known_sliding(cache.sliding).ring.extent
 
 
 def _same_layout(first: SinkCache, other: SinkCache) -> bool:
-    if len(first.layers) != len(other.layers) or first.device != other.device:
+    if len(first.ring_layers) != len(other.ring_layers) or first.device != other.device:
         return False
-    for mine, theirs in zip(first.layers, other.layers, strict=True):
-        if type(mine) is not type(theirs) or mine.keys.dtype != theirs.keys.dtype:
+    if first.kv_format != other.kv_format:
+        return False
+    for mine, theirs in zip(first.ring_layers, other.ring_layers, strict=True):
+        if type(mine) is not type(theirs) or mine.dtype != theirs.dtype or mine.keys.dtype != theirs.keys.dtype:
             return False
         if mine.keys.shape[1] != theirs.keys.shape[1] or mine.keys.shape[3] != theirs.keys.shape[3]:
             return False

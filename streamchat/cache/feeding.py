@@ -43,7 +43,7 @@ def step_logits(
     """The model's forward over input_ids [rows, n] inside an open step of `cache` (a SinkCache, or a CacheBatch
     for decode rows), at the positions and under the masks the step handed over: logits [rows, n, vocab] with
     `all_logits`, else the last position's [rows, 1, vocab]. Compilable."""
-    return model(
+    logits: torch.Tensor = model(
         input_ids=input_ids,
         cache=cache,
         position_ids=inputs.position_ids,
@@ -51,3 +51,4 @@ def step_logits(
         use_cache=True,
         logits_to_keep=0 if all_logits else 1,
     ).logits
+    return logits

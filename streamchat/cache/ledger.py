@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from streamchat.errors import CacheConfigError
+from streamchat.errors import CacheConfigError, CacheStateError
 
 # A decode step needs one free slot in the window.
 SMALLEST_WINDOW = 1
@@ -337,3 +337,10 @@ class SlidingLedger:
             runs=runs,
             extent=self.ring.extent,
         )
+
+
+def known_sliding(sliding: SlidingLedger | None) -> SlidingLedger:
+    """The sliding layers' ledger, for a caller whose cache has such layers (CacheStateError where it has none)."""
+    if sliding is None:
+        raise CacheStateError("the cache has no sliding-window layers")
+    return sliding

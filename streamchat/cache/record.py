@@ -3,7 +3,7 @@
 The ledger (ledger.py) says which slots hold tokens; the record says which tokens, and
 who fed them: a label the feeder chooses and the cache never reads (a conversation's
 transcript message index). Host ints, written as a step assigns its slots, one entry a
-token. The device keeps the same ids for the steps that read them there (occupancy.py);
+token. The device keeps the same ids for the steps that read them there (masks.py: Occupancy);
 the host's are what a view, an eviction's text and a saved state read, without waiting
 for the device.
 

@@ -50,16 +50,10 @@ from streamchat.cache.ledger import (
     SlidingLedger,
     SlidingStep,
     StreamLedger,
+    known_sliding,
 )
-from streamchat.cache.occupancy import (
-    POSITION,
-    SINK_SHIFT,
-    SLIDING_FREE,
-    SLIDING_WRITE,
-    WRITE,
-    Occupancy,
-    slot_index,
-)
+from streamchat.cache.masks import POSITION, SINK_SHIFT, SLIDING_FREE, SLIDING_WRITE, WRITE, Occupancy, slot_index
+from streamchat.cache.quantized_kv import FULL, KVFormat, Stored, checked_format, kv_format_of, widened
 from streamchat.cache.record import UNREAD, HeldTokens, SlotRecord
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
@@ -92,18 +86,23 @@ class SinkCache(Cache):
         attention: str = "sdpa",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        kv_format: KVFormat = FULL,
     ) -> None:
+        self.kv_format = checked_format(kv_format)
         self.ledger = StreamLedger(sinks, window)
-        sliding_windows = {spec.sliding_window for spec in specs if keeps_own_window(spec, window)}
-        if len(sliding_windows) > 1:
-            raise UnsupportedModelError(f"layers use several sliding windows {sorted(sliding_windows)}")
-        self.sliding = SlidingLedger(sliding_windows.pop()) if sliding_windows else None
+        windows = {own for spec in specs if (own := spec.sliding_window) is not None and keeps_own_window(spec, window)}
+        if len(windows) > 1:
+            raise UnsupportedModelError(f"layers use several sliding windows {sorted(windows)}")
+        self.sliding = SlidingLedger(windows.pop()) if windows else None
         sliding_slots = self.sliding.slots if self.sliding else 0
         ring_slots, max_shift = self.ledger.ring.slots, self.ledger.max_shift
-        layers, self.tables = build_layers(specs, window, sinks, ring_slots, sliding_slots, max_shift)
-        super().__init__(layers=layers)
+        layers, self.tables = build_layers(specs, window, sinks, ring_slots, sliding_slots, max_shift, kv_format)
+        super().__init__(layers=layers)  # type: ignore[arg-type]  # transformers': list (invariant) of its base types
+        self.ring_layers: list[SinkLayer | SlidingLayer] = layers  # `layers` itself, typed as what it holds
+        sink_layers = [layer for layer in layers if isinstance(layer, SinkLayer)]
+        self._sink_layers = sink_layers if len(sink_layers) == len(layers) else None  # None: a layer slides
         # Which table each layer rotates with, by index (plain ints: fine inside a compiled step).
-        self._table_of = [self.tables.index(layer.rotary) for layer in self.layers]
+        self._table_of = [self.tables.index(layer.rotary) for layer in layers]
         self.layer_types = {spec.layer_type: keeps_own_window(spec, window) for spec in specs}
         self.boolean_masks = attention in masks.BOOLEAN_MASK_ATTENTION
         self.mask_dtype = dtype
@@ -119,7 +118,8 @@ class SinkCache(Cache):
 
     @classmethod
     def for_model(cls, model: Any, sinks: int, window: int) -> SinkCache:
-        """A cache for a loaded transformers model (refused with a clear error if unsupported)."""
+        """A cache for a loaded transformers model (refused with a clear error if unsupported), in the KV format
+        the loader chose for it (quantized_kv.kv_format_of)."""
         return cls(
             layer_specs(model),
             sinks,
@@ -127,6 +127,7 @@ class SinkCache(Cache):
             attention=model.config._attn_implementation,
             dtype=model.dtype,
             device=model.get_input_embeddings().weight.device,
+            kv_format=kv_format_of(model),
         )
 
     # ---- what callers use -------------------------------------------------------------
@@ -236,18 +237,17 @@ class SinkCache(Cache):
     def decode_storage(self) -> DecodeStorage | None:
         """The open decode step's storage as one row, for a kernel that writes every layer itself; None outside
         a decode step, or where a layer slides or layers rotate by more than one table."""
-        layers = self.layers
-        if self._step != DECODE or len(self._rotation) != 1 or not all(isinstance(each, SinkLayer) for each in layers):
+        layers = self._sink_layers
+        if self._step != DECODE or len(self._rotation) != 1 or layers is None:
             return None
         ((cos, sin),) = self._rotation.values()
-        return DecodeStorage(
+        return DecodeStorage.of(
+            [layer.slot_tensors() for layer in layers],
+            [layer.sink_tensors() for layer in layers],
+            self.kv_format,
             self.occupancy.slot(WRITE),
             torch.tensor([self.sinks]),
             self._decode_extent(sliding=False),
-            [layer.keys for layer in layers],
-            [layer.values for layer in layers],
-            [layer.pristine_sinks for layer in layers],
-            [layer.sink_partners for layer in layers],
             cos[None],
             sin[None],
         )
@@ -256,33 +256,38 @@ class SinkCache(Cache):
         """Give the storage fixed addresses for CUDA graphs, which a compiled decode step writes into."""
         for tensor in self.occupancy.tensors():
             torch._dynamo.mark_static_address(tensor)
-        for layer in self.layers:
-            if layer.is_initialized:
-                torch._dynamo.mark_static_address(layer.keys)
-                torch._dynamo.mark_static_address(layer.values)
+        for layer in self.ring_layers:
+            for tensor in layer.stored_tensors() if layer.is_initialized else []:
+                torch._dynamo.mark_static_address(tensor)
 
     # ---- the transformers Cache interface ---------------------------------------------
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = self.layers[layer_idx]
-        if self._step == DECODE:
+        return widened(self.store(key_states, value_states, layer_idx))
+
+    def store(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> Stored:
+        """update() for attention that reads an int8 window as it is stored (placement/attention.py): the keys
+        and values attention reads, or, in an int8 cache, their QuantizedWindow."""
+        layer = self.ring_layers[layer_idx]
+        step = self._step
+        if step == DECODE:
             if isinstance(layer, SlidingLayer):
                 write = self.occupancy.slot(SLIDING_WRITE)
                 return layer.decode(write, key_states, value_states, self._decode_extent(sliding=True))
             rotation = self._rotation[self._table_of[layer_idx]]
             extent = self._decode_extent(sliding=False)
             return layer.decode(self.occupancy.slot(WRITE), key_states, value_states, rotation, extent)
-        if self._step is None:
+        if not isinstance(step, SinkStep):  # None: no step open
             raise CacheStateError("the sink cache was updated outside a step: call the model through cache.feeding")
-        if self._step.incoming != key_states.shape[-2]:
-            raise CacheStateError(
-                f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {self._step.incoming}"
-            )
+        if step.incoming != key_states.shape[-2]:
+            raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}")
         if isinstance(layer, SlidingLayer):
+            if self._sliding_step is None:
+                raise CacheStateError(f"sliding layer {layer_idx} was updated in a step without a sliding ledger")
             return layer.apply(self._sliding_step, key_states, value_states)
-        return layer.apply(self._step, key_states, value_states, self._rotation.get(self._table_of[layer_idx]))
+        return layer.apply(step, key_states, value_states, self._rotation.get(self._table_of[layer_idx]))
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         raise CacheStateError("the sink cache hands the model its masks: call the model through cache.feeding")
@@ -320,7 +325,7 @@ class SinkCache(Cache):
     def rebase(self) -> None:
         """Move every position back so the sinks need no shift (one rotation of every stored key)."""
         delta = self.ledger.rebase()
-        for layer in self.layers:
+        for layer in self.ring_layers:
             layer.rebase(delta)
         self._placed_shift = None
 
@@ -355,7 +360,7 @@ class SinkCache(Cache):
                 sliding = self.occupancy.sliding_held[: sliding_step.extent]
             else:
                 kept = sum(stop - start for start, stop in sliding_step.kept)
-                sliding = masks.banded_causal(kept, incoming, self.sliding.sliding_window, self.device)
+                sliding = masks.banded_causal(kept, incoming, known_sliding(self.sliding).sliding_window, self.device)
         positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
         return StepInputs(positions[None], self._masks(full, sliding))
 
@@ -380,7 +385,7 @@ class SinkCache(Cache):
         """Close the step once every layer has written."""
         if self._step == DECODE:
             self._placed_shift = None  # a decode step places the sinks itself, at a shift only the device saw
-        elif self._step is not None and self._rotation:
+        elif isinstance(self._step, SinkStep) and self._rotation:
             self._placed_shift = self._step.sink_shift
         self._step = self._sliding_step = None
 
@@ -398,7 +403,7 @@ class SinkCache(Cache):
             if not self.ledger.sinks_full:
                 return {}
             shift = torch.tensor([self.ledger.sink_shift], device=self.device)
-        used = {self._table_of[index] for index, layer in enumerate(self.layers) if isinstance(layer, SinkLayer)}
+        used = {self._table_of[index] for index, layer in enumerate(self.ring_layers) if isinstance(layer, SinkLayer)}
         return {index: self.tables[index].cos_sin(shift) for index in sorted(used)}
 
     def _masks(self, full: torch.Tensor, sliding: torch.Tensor | None) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -406,5 +411,6 @@ class SinkCache(Cache):
 
     def _decode_extent(self, sliding: bool) -> int:
         if sliding:
-            return self.sliding.slots if self.static_extent else self.sliding.ring.extent
+            ledger = known_sliding(self.sliding)
+            return ledger.slots if self.static_extent else ledger.ring.extent
         return self.ledger.slots if self.static_extent else self.sinks + self.ledger.ring.extent

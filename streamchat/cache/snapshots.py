@@ -28,14 +28,17 @@ import torch
 
 from streamchat.cache.layers import SinkLayer, SlidingLayer
 from streamchat.cache.ledger import NO_LABEL, Ring, SlidingLedger, StreamLedger
-from streamchat.cache.occupancy import slot_index
+from streamchat.cache.masks import slot_index
+from streamchat.cache.quantized_kv import FULL, INT8, KV_FORMATS, KVFormat
 from streamchat.cache.record import SlotRecord
 from streamchat.cache.sink_cache import SinkCache
 from streamchat.errors import CacheStateError
 
 STATE_VERSION = 1
 
-KeysValues = tuple[torch.Tensor, torch.Tensor]  # [batch, heads, saved slots, dim] each
+# A layer's slot tensors at the saved slots [batch, heads, saved slots, dim] (keys, values, an int8 cache's
+# scales), then an int8 sink layer's exact sinks [batch, heads, sinks, dim] (layers.py: read_slots).
+SavedLayer = tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class SavedSlots:
 
     index: torch.Tensor  # [n] the sink layers' slots saved
     sliding_index: torch.Tensor | None  # [m] the sliding layers'
-    layers: list[KeysValues | None]  # per layer; None where the layer had never been written
+    layers: list[SavedLayer | None]  # per layer; None where the layer had never been written
     pristine: list[torch.Tensor | None]  # per sink layer: its sinks before rotation (their partners follow)
     token_ids: torch.Tensor  # [slots] the occupancy's token per slot (the repetition penalty reads it)
     record: SlotRecord
@@ -58,6 +61,7 @@ class CacheSnapshot:
     ledger: StreamLedger
     sliding: SlidingLedger | None
     slots: SavedSlots | None = None
+    kv_format: KVFormat = FULL  # how the saved slots store keys and values
 
     @classmethod
     @torch.inference_mode()
@@ -90,17 +94,18 @@ class CacheSnapshot:
     def _with_slots(
         cls, cache: SinkCache, index: torch.Tensor, sliding_index: torch.Tensor | None, every: bool
     ) -> CacheSnapshot:
-        layers, pristine = [], []
-        for layer in cache.layers:
+        layers: list[SavedLayer | None] = []
+        pristine: list[torch.Tensor | None] = []
+        for layer in cache.ring_layers:
             if not layer.is_initialized:
                 layers.append(None)
                 pristine.append(None)
                 continue
-            layers.append(layer.read_slots(sliding_index if isinstance(layer, SlidingLayer) else index))
+            layers.append(layer.read_slots(_layer_index(layer, index, sliding_index)))
             pristine.append(layer.pristine_sinks.clone() if isinstance(layer, SinkLayer) else None)
         token_ids = cache.occupancy.token_ids.clone()
         slots = SavedSlots(index, sliding_index, layers, pristine, token_ids, cache.record.copy(), every)
-        return cls(*_copies(cache.ledger, cache.sliding), slots)
+        return cls(*_copies(cache.ledger, cache.sliding), slots, cache.kv_format)
 
     @torch.inference_mode()
     def restore(self, cache: SinkCache) -> None:
@@ -130,10 +135,12 @@ class CacheSnapshot:
             sliding = self.sliding.ring
             numbers += [self.sliding.sliding_window, sliding.head, sliding.length, sliding.extent]
         state = {"ledger": torch.tensor(numbers), "token_ids": self.slots.token_ids.cpu()}
-        for index, (pair, pristine) in enumerate(zip(self.slots.layers, self.slots.pristine, strict=True)):
-            if pair is None:
+        state["kv_format"] = torch.tensor([KV_FORMATS.index(self.kv_format)])
+        for index, (saved, pristine) in enumerate(zip(self.slots.layers, self.slots.pristine, strict=True)):
+            if saved is None:
                 continue
-            state[f"layers.{index}.keys"], state[f"layers.{index}.values"] = (t.contiguous().cpu() for t in pair)
+            for name, tensor in zip(_saved_names(self.kv_format, pristine is not None), saved, strict=True):
+                state[f"layers.{index}.{name}"] = tensor.contiguous().cpu()
             if pristine is not None:
                 state[f"layers.{index}.pristine_sinks"] = pristine.cpu()
         return state
@@ -146,17 +153,21 @@ class CacheSnapshot:
         caller's to put back after restore() (SinkCache.restore_held), as a conversation saves them beside.
         """
         ledger, sliding = _ledgers(state["ledger"].tolist(), cache)
+        saved_format = KV_FORMATS[int(state["kv_format"][0])] if "kv_format" in state else FULL
+        if saved_format != cache.kv_format:
+            raise CacheStateError(f"the saved cache's KV window is {saved_format}; this one's is {cache.kv_format}")
         index, sliding_index = _written_slots(ledger, sliding, cache.device)
-        layers, pristine = [], []
-        for number, layer in enumerate(cache.layers):
+        layers: list[SavedLayer | None] = []
+        pristine: list[torch.Tensor | None] = []
+        for number, layer in enumerate(cache.ring_layers):
             keys = state.get(f"layers.{number}.keys")
             if keys is None:
                 layers.append(None)
                 pristine.append(None)
                 continue
-            written = len(sliding_index if isinstance(layer, SlidingLayer) else index)
-            values = _checked_values(number, layer, keys, state[f"layers.{number}.values"], written)
-            layers.append((keys.to(cache.device), values.to(cache.device)))
+            written = len(_layer_index(layer, index, sliding_index))
+            saved = _checked_layer(number, layer, state, written)
+            layers.append(tuple(tensor.to(cache.device) for tensor in saved))
             sinks = _checked_pristine(number, layer, state, keys) if isinstance(layer, SinkLayer) else None
             pristine.append(None if sinks is None else sinks.to(cache.device))
         token_ids = state["token_ids"]
@@ -164,7 +175,7 @@ class CacheSnapshot:
             raise CacheStateError(f"the saved cache has {token_ids.shape[0]} slots, not {cache.ledger.slots}")
         record = SlotRecord(token_ids.tolist(), [NO_LABEL] * cache.ledger.slots)
         slots = SavedSlots(index, sliding_index, layers, pristine, token_ids.to(cache.device), record, every=True)
-        return cls(ledger, sliding, slots)
+        return cls(ledger, sliding, slots, cache.kv_format)
 
 
 def release_snapshots(cache: SinkCache) -> None:
@@ -185,21 +196,34 @@ def _written_slots(
 
 
 def _write_slots(cache: SinkCache, slots: SavedSlots) -> None:
-    for layer, pair, pristine in zip(cache.layers, slots.layers, slots.pristine, strict=True):
-        if pair is None:
+    for layer, saved, pristine in zip(cache.ring_layers, slots.layers, slots.pristine, strict=True):
+        if saved is None:
             continue
         if not layer.is_initialized:
-            layer.lazy_initialization(pair[0][:, :, :1], pair[1][:, :, :1])
-        index = slots.sliding_index if isinstance(layer, SlidingLayer) else slots.index
-        layer.write_back(index, pair)
+            layer.initialize_like(saved, cache.mask_dtype)
+        index = _layer_index(layer, slots.index, slots.sliding_index)
+        layer.write_back(index, saved)
         if slots.every:  # as in the cache the snapshot was taken from when it was new: never written
-            layer.keys[:, :, len(index) :].zero_()
-            layer.values[:, :, len(index) :].zero_()
+            for tensor in layer.slot_tensors():
+                tensor[:, :, len(index) :].zero_()
         if pristine is not None:
+            if not isinstance(layer, SinkLayer):
+                raise CacheStateError("sinks were saved for a layer that has none")
             layer.pristine_sinks.copy_(pristine)
             layer.sink_partners.copy_(layer.rotary.partner(pristine))
     cache.occupancy.token_ids.copy_(slots.token_ids)
     cache.record = slots.record.copy()
+
+
+def _layer_index(
+    layer: SinkLayer | SlidingLayer, index: torch.Tensor, sliding_index: torch.Tensor | None
+) -> torch.Tensor:
+    """The slots of `layer` among the sink layers' `index` and the sliding layers' `sliding_index`."""
+    if not isinstance(layer, SlidingLayer):
+        return index
+    if sliding_index is None:
+        raise CacheStateError("a sliding layer's slots were not saved")
+    return sliding_index
 
 
 def _ledgers(numbers: list[int], cache: SinkCache) -> tuple[StreamLedger, SlidingLedger | None]:
@@ -223,18 +247,36 @@ def _ledgers(numbers: list[int], cache: SinkCache) -> tuple[StreamLedger, Slidin
     return ledger, sliding
 
 
-def _checked_values(
-    number: int, layer: SinkLayer | SlidingLayer, keys: torch.Tensor, values: torch.Tensor, written: int
-) -> torch.Tensor:
-    """A layer's saved values, when they and its keys fit its storage: `written` slots of its shape and dtype."""
-    fits = keys.dim() == 4 and values.shape[:3] == keys.shape[:3] and keys.shape[2] == written <= layer.slots
+def _saved_names(kv_format: KVFormat, sink_layer: bool) -> tuple[str, ...]:
+    """What a saved state names a layer's saved tensors (SavedLayer's order)."""
+    if kv_format != INT8:
+        return ("keys", "values")
+    return ("keys", "values", "key_scales", "value_scales", *(("sink_keys", "sink_values") if sink_layer else ()))
+
+
+def _checked_layer(
+    number: int, layer: SinkLayer | SlidingLayer, state: dict[str, torch.Tensor], written: int
+) -> SavedLayer:
+    """A layer's saved tensors, when they fit its storage: `written` slots of its shape and dtypes."""
+    names = _saved_names(layer.kv_format, isinstance(layer, SinkLayer))
+    found = tuple(state.get(f"layers.{number}.{name}") for name in names)
+    saved = tuple(tensor for tensor in found if tensor is not None and tensor.dim() == 4)
+    slot_count = 4 if layer.kv_format == INT8 else 2  # then the exact sinks, if any
+    fits = len(saved) == len(found) and saved[0].shape[2] == written <= layer.slots
+    fits = fits and all(tensor.shape[:3] == saved[0].shape[:3] for tensor in saved[:slot_count])
+    fits = fits and all(tensor.shape[2] == getattr(layer, "sinks", 0) for tensor in saved[slot_count:])
     if fits and layer.is_initialized:
-        stored = layer.keys
-        fits = keys.shape[:2] == stored.shape[:2] and keys.shape[3] == stored.shape[3] and keys.dtype == stored.dtype
+        stored = layer.slot_tensors() + (layer.sink_tensors()[2:] if isinstance(layer, SinkLayer) else [])
+        fits = all(
+            each.shape[:2] == own.shape[:2] and each.shape[3] == own.shape[3] and each.dtype == own.dtype
+            for each, own in zip(saved, stored, strict=True)
+        )
     if not fits:
+        keys = found[0]
         shape = tuple(layer.keys.shape) if layer.is_initialized else f"{layer.slots} slots"
-        raise CacheStateError(f"layer {number} was saved as {tuple(keys.shape)} {keys.dtype}, not {shape}")
-    return values
+        described = tuple(keys.shape) if keys is not None else "missing"
+        raise CacheStateError(f"layer {number} was saved as {described} {getattr(keys, 'dtype', '')}, not {shape}")
+    return saved
 
 
 def _checked_pristine(

@@ -38,7 +38,7 @@ def parse_keep(value: object) -> Keep:
         return value
     if isinstance(value, str) and value.strip().isdigit():
         return int(value.strip())
-    raise ConfigError(f"keep must be '{defaults.KEEP_SYSTEM}' or a whole number of first tokens >= 0, got {value!r}")
+    raise _bad_keep(value)
 
 
 def system_turn_length(chat_format: ChatFormat) -> int:
@@ -61,6 +61,8 @@ def system_turn_length(chat_format: ChatFormat) -> int:
 def kept_tokens(chat_format: ChatFormat, keep: Keep, window: int) -> int:
     """How many first tokens the cache keeps for a conversation in `chat_format`; ConfigError past the window."""
     if keep != defaults.KEEP_SYSTEM:
+        if isinstance(keep, str):  # parse_keep() turns a number given as text into an int
+            raise _bad_keep(keep)
         if keep > window:
             raise ConfigError(f"--keep {keep} is more than the {window:,}-token window; keep at most {window:,}")
         return keep
@@ -71,3 +73,7 @@ def kept_tokens(chat_format: ChatFormat, keep: Keep, window: int) -> int:
             "prompt, raise --window, or use --keep 4 to let it scroll away with the conversation"
         )
     return max(length, defaults.SINKS)
+
+
+def _bad_keep(value: object) -> ConfigError:
+    return ConfigError(f"keep must be '{defaults.KEEP_SYSTEM}' or a whole number of first tokens >= 0, got {value!r}")

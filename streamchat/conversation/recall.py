@@ -83,7 +83,9 @@ def _stem(word: str) -> str:
 
 def passages_of(text: str, most_words: int = defaults.RECALL_PASSAGE_WORDS) -> list[str]:
     """`text` cut into runs of whole sentences of at most `most_words` words (a longer sentence stands alone)."""
-    pieces, current, count = [], [], 0
+    pieces: list[str] = []
+    current: list[str] = []
+    count = 0
     for sentence in (part.strip() for part in _SENTENCE_END.split(text)):
         if not sentence:
             continue

@@ -1,8 +1,10 @@
 """ChatSession: one model, one tokenizer, one sink cache and one transcript, for as long as the chat lasts.
 
-Each call that moves the conversation (chat, regenerate, replay) returns an iterator of
-events; the conversation advances as the caller consumes it. Every token is fed exactly
-once, in conversation order: the cache is never recomputed, only reset when asked.
+Each call that moves the conversation (chat, regenerate, replay) returns a task: a
+generator of the events it says and the engine requests it waits on, which the process's
+driver runs (streamchat.generation.driver); the conversation advances as the driver moves
+it. Every token is fed exactly once, in conversation order: the cache is never recomputed,
+only reset when asked.
 
 The session keeps the conversation: the transcript, the chat format, the settings, what
 /regen goes back to. Its tokens go through the cache in a TokenLoop
@@ -14,18 +16,20 @@ and sampler), and `restore(state)` makes a session that conversation again. The
 session touches no file: whoever owns it (the app, a server) hands those values to
 streamchat.storage.
 
-The calls the app makes of a session are declared in streamchat.conversation.calls
-(`Conversation`), which ChatSession answers as it stands.
+The calls the app makes of a conversation are declared in streamchat.conversation.calls
+(`Conversation`), which a session answers with the driver that runs its moves
+(streamchat.conversation.driven: DrivenSession).
 
     session = ChatSession(model, tokenizer, SessionOptions())
-    for event in session.chat("Hello!"):
+    driver = Driver(Engine(model))
+    for event in driver.run(session.chat("Hello!")):
         ...  # TextDelta, Evicted, CacheOccupancy, ..., TurnFinished
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,12 +51,11 @@ from streamchat.conversation.session_options import (
 from streamchat.conversation.state import ConversationState, RecalledNote
 from streamchat.conversation.template import ChatFormat, chat_format_for, stop_token_ids
 from streamchat.conversation.tensors import restore_tensors, tensors_of
-from streamchat.engine.engine import Engine
-from streamchat.engine.shared_sinks import SharedSinks
+from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.cache_view import CacheView
-from streamchat.generation.decoder import StepChannel
-from streamchat.generation.engine_steps import EngineSteps, Waiting
+from streamchat.generation.decoder import LockstepChannel
+from streamchat.generation.driver import Abandoned
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -71,6 +74,9 @@ from streamchat.generation.token_loop import TokenLoop
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11
 
+# A call that moves the conversation, as the driver runs it: the events it says, the engine requests it waits on.
+SessionTask = Generator[Event | Request, None, None]
+
 
 class ChatSession:
     def __init__(self, model: Any, tokenizer: Any, options: SessionOptions | None = None) -> None:
@@ -85,7 +91,7 @@ class ChatSession:
         self.sampler = Sampler(self.settings.seed)
         self.keep, self.window = options.keep, options.window
         self.token_loop = TokenLoop(
-            model, tokenizer, options.window, options.prefill_chunk, options.compile_backend, options.channel
+            model, tokenizer, options.window, options.prefill_chunk, options.channel, options.shared_sinks
         )
         self.transcript: list[Message] = []
         # --recall: "auto" brings back what left the cache when a message needs it; the notes it read, by message.
@@ -125,15 +131,8 @@ class ChatSession:
         return self.token_loop.device
 
     @property
-    def channel(self) -> StepChannel | None:
+    def channel(self) -> LockstepChannel | None:
         return self.token_loop.channel
-
-    def run_in(self, engine: Engine | None, shared_sinks: SharedSinks | None = None) -> None:
-        """Take every forward pass in `engine`'s steps, with other sessions' (None: its own engine's, which it runs),
-        its moves yielding Waiting for whoever runs them (generation/engine_steps.py); with `shared_sinks`, new
-        conversations that begin alike read their sinks once (engine/shared_sinks.py)."""
-        loop = self.token_loop
-        loop.engine = loop.own_engine if engine is None else EngineSteps(engine, shared_sinks=shared_sinks)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
@@ -146,8 +145,9 @@ class ChatSession:
 
     # ---- moving the conversation ----------------------------------------------------------
 
-    def chat(self, text: str) -> Iterator[Event]:
-        """Feed a user message and stream the reply.
+    def chat(self, text: str, logprobs: int | None = None) -> SessionTask:
+        """Feed a user message and stream the reply (with `logprobs`, each token's log-probability and that many of
+        the likeliest alternatives' too: TokenLogprob events).
 
         A prompt longer than the cache can hold is read as a replay reads a conversation (see
         streamchat.generation.prompt_reading) unless read_all; a stop() while it is read ends the
@@ -168,16 +168,16 @@ class ChatSession:
         read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
         self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
-        yield from self._reply(read.logits, read.tokens, started, read.at, read.copied)
+        yield from self._reply(read.logits, read.tokens, started, read.at, read.copied, logprobs)
 
-    def share_sinks(self) -> Iterator[Event | Waiting]:
+    def share_sinks(self) -> SessionTask:
         """Before any turn: the sinks every first turn begins with (the system turn, by default) read for the
         conversations sharing its engine to copy (a server warming up); the cache holds them until reset()."""
         ids = self.chat_format.common_start(self.cache.sinks)
         if ids and not self.transcript:
             yield from self.token_loop.share_sinks(ids, message=0)
 
-    def regenerate(self) -> Iterator[Event]:
+    def regenerate(self) -> SessionTask:
         """Take back the last reply and generate another one for the same message."""
         if self._snapshot is None or not self.transcript or self.transcript[-1]["role"] != "assistant":
             raise ConfigError("there is no reply to regenerate yet")
@@ -190,7 +190,7 @@ class ChatSession:
         yield CacheOccupancy(self.cache_stats(), 0.0)
         yield from self._reply(logits, 0, started, started)
 
-    def recover(self) -> Iterator[Event]:
+    def recover(self) -> SessionTask:
         """After a turn was torn off mid-step (a second Ctrl-C), make the session whole again.
 
         A cache that missed part of a forward pass is rebuilt from the transcript. A turn
@@ -202,7 +202,7 @@ class ChatSession:
         if messages and messages[-1]["role"] == "user":
             messages.pop()
         if messages == self.transcript and self.token_loop.is_whole():
-            return iter(())
+            return _nothing()
         recalled = {index: note for index, note in self.recalled.items() if index < len(messages)}
         return self._replay(messages, self.chat_format.conversation_ids(fed_messages(messages, recalled)), recalled)
 
@@ -221,7 +221,7 @@ class ChatSession:
         self._snapshot = None
         self._settled = True
 
-    def set_system_prompt(self, text: str | None) -> Iterator[Event]:
+    def set_system_prompt(self, text: str | None) -> SessionTask:
         """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
         chat_format = chat_format_for(self.tokenizer, text or None)
@@ -244,7 +244,7 @@ class ChatSession:
         """Every setting /set can change, with its value as text."""
         return [*self.settings.as_pairs(), ("eviction", self.eviction)]
 
-    def replay(self, messages: list[Message]) -> Iterator[Event]:
+    def replay(self, messages: list[Message]) -> SessionTask:
         """Start over and feed a conversation through the cache, as if it had been typed and answered."""
         return self._replay(messages, self.chat_format.conversation_ids(messages))
 
@@ -261,7 +261,7 @@ class ChatSession:
             recalled={index: note for index, note in self.recalled.items() if index < len(self.transcript)},
         )
 
-    def restore(self, state: ConversationState, not_exact: str | None = None) -> Iterator[Event]:
+    def restore(self, state: ConversationState, not_exact: str | None = None) -> SessionTask:
         """Become the conversation `state`: exactly when it carries tensors that fit, else replayed
         (`not_exact` says why there are none, for the NotResumed event). ConfigError, and nothing
         changes, when its eviction or system prompt cannot be used."""
@@ -273,7 +273,7 @@ class ChatSession:
         self.sampler = Sampler(state.settings.seed)
         return self._restored(state, feeds, not_exact)
 
-    def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> Iterator[Event]:
+    def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> SessionTask:
         if state.tensors is not None:
             # The same conversation again (a benchmark's probe taken back): what it indexed still holds.
             indexed = self._recall_index.indexed_messages
@@ -300,7 +300,7 @@ class ChatSession:
 
     def _replay(
         self, messages: list[Message], feeds: list[list[int]], recalled: dict[int, RecalledNote] | None = None
-    ) -> Iterator[Event]:
+    ) -> SessionTask:
         """Feed the sinks and the end of the conversation; the middle would only be evicted again."""
         self.reset()
         self.recalled = dict(recalled or {})
@@ -322,29 +322,34 @@ class ChatSession:
     # ---- a turn in the transcript -------------------------------------------------------------
 
     def _reply(
-        self, logits: torch.Tensor, prompt_tokens: int, started: float, prefilled: float, copied: int = 0
-    ) -> Iterator[Event]:
+        self,
+        logits: torch.Tensor,
+        prompt_tokens: int,
+        started: float,
+        prefilled: float,
+        copied: int = 0,
+        logprobs: int | None = None,
+    ) -> SessionTask:
         """Generate the answer to the last message, then close the turn in the cache and the transcript."""
         message = len(self.transcript)
         self.transcript.append({"role": "assistant", "content": ""})
         reply = Reply(self.tokenizer, self.settings, started, prefilled)
         conversation = self._conversation
         try:
-            yield from self.token_loop.decode(logits, reply, message, self.sampler, self.stop_ids)
-        except GeneratorExit:
-            # The caller abandoned the reply: close it all the same, silently, so the next turn
-            # works; unless the conversation was replaced meanwhile (reset, replay, recover).
+            yield from self.token_loop.decode(logits, reply, message, self.sampler, self.stop_ids, logprobs)
+        except Abandoned:
+            # Its consumer went away: the reply is closed all the same, unheard (the driver runs the steps), so
+            # the next turn works; unless the conversation was replaced meanwhile (reset, replay, recover).
             if conversation == self._conversation:
                 reply.reason = "interrupted"
-                with self.token_loop.alone():  # nobody drives the engine's steps for an abandoned reply
-                    _drain(self._close(reply, message))
+                yield from self._close(reply, message)
             raise
         yield from self._close(reply, message)
         stats = reply.stats(prompt_tokens, copied)
         yield CacheOccupancy(self.cache_stats(), stats.decode_tokens_per_second)
         yield TurnFinished(reply=reply.text, stats=stats)
 
-    def _close(self, reply: Reply, message: int) -> Iterator[Event]:
+    def _close(self, reply: Reply, message: int) -> SessionTask:
         """Record the reply's text, then feed what closes it (the end of turn)."""
         tail = reply.flush()
         if tail:
@@ -398,7 +403,7 @@ class ChatSession:
         self.stop_ids = stop_token_ids(self.tokenizer, generation_config, chat_format)
         self.chat_format = chat_format
         self._settled = not self.transcript  # a conversation in the cache was read in another format
-        if self.cache is None or self.cache.sinks != kept:
+        if self.token_loop.sinks != kept:  # None: no cache yet
             self._snapshot = None  # its copies of the old cache go before the new one is allocated
             self.token_loop.use_sinks(kept)
 
@@ -408,6 +413,6 @@ class ChatSession:
         release_snapshots(self.cache)
 
 
-def _drain(events: Iterator[Event]) -> None:
-    for _ in events:
-        pass
+def _nothing() -> SessionTask:
+    """A move with nothing to do."""
+    yield from ()

@@ -12,7 +12,8 @@ from streamchat.errors import ConfigError
 from streamchat.generation.settings import GenerationChanges, GenerationSettings, parse_setting
 
 if TYPE_CHECKING:
-    from streamchat.generation.decoder import StepChannel
+    from streamchat.engine.shared_sinks import SharedSinks
+    from streamchat.generation.decoder import LockstepChannel
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,10 @@ class SessionOptions:
     settings: GenerationSettings | None = None
     # A prompt longer than the cache: False reads its start and last two windows, True every token.
     read_all: bool = defaults.READ_ALL
-    # torch.compile backend for decode steps ("inductor"), None to run them eagerly.
-    compile_backend: str | None = None
     # Under tensor parallelism, how the ranks agree on each token and stop; None in one process.
-    channel: StepChannel | None = None
+    channel: LockstepChannel | None = None
+    # Where the conversations over one engine that begin alike share their sinks (a server's); None: not shared.
+    shared_sinks: SharedSinks | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))

@@ -40,7 +40,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jinja2
 
@@ -187,7 +187,8 @@ class ChatFormat:
         space a token starts with (SentencePiece's "▁"): a few neighbouring cuts are tried.
         """
         for base in range(max(0, len(ids) - _TAIL_TOKENS), max(0, len(ids) - _TAIL_TOKENS - 4), -1):
-            tail = self._tokenizer.decode(ids[base:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            decoded = self._tokenizer.decode(ids[base:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            tail = cast(str, decoded)  # one sequence of ids: one text
             end = len(text) - len(tail)
             if not text.endswith(tail):
                 continue
@@ -227,7 +228,9 @@ class ChatFormat:
 
     def _render(self, messages: list[Message]) -> str:
         try:
-            return self._tokenizer.apply_chat_template(messages, chat_template=self._template, tokenize=False)
+            # Messages are dicts of text (a TypedDict); tokenize=False renders the text.
+            chat = cast("list[dict[str, str]]", messages)
+            return cast(str, self._tokenizer.apply_chat_template(chat, chat_template=self._template, tokenize=False))
         except jinja2.TemplateError as error:
             hint = " It may not accept a system prompt: try without one." if self._system_prompt else ""
             raise ChatTemplateError(f"the model's chat template refused the conversation: {error}.{hint}") from error

@@ -6,5 +6,5 @@
     follower.py    the other ranks: rank 0's moves applied to their session, no terminal
     supervisor.py  `streamchat run --tp N`: start N local ranks, and end them all when one ends
 
-The engine knows only `generation.decoder.StepChannel`; the app wires the rest (app/tensor_parallel.py).
+The engine knows only `generation.decoder.LockstepChannel`; the app wires the rest (app/tensor_parallel.py).
 """

@@ -1,7 +1,7 @@
 """Rank 0's session: every call that moves the conversation goes to every rank first.
 
 `LeaderSession` is the Conversation the app drives (the REPL, the transcript loop) under
---tp, around rank 0's ChatSession: each read is answered here, from rank 0's session; each
+--tp, around rank 0's ChatSession and driver: each read is answered here, from rank 0's session; each
 call that moves the conversation is sent to the other ranks as a Move (follower.py), then
 made here. The events of a turn are driven to their end even when the app abandons them,
 with the reply stopped, because the other ranks run the turn to its end too: a turn torn
@@ -15,10 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, TypeVar
 
-from streamchat.cache import CacheStats
 from streamchat.conversation.calls import (
     Chat,
-    Conversation,
     Move,
     Recover,
     Regenerate,
@@ -28,15 +26,14 @@ from streamchat.conversation.calls import (
     SetSystemPrompt,
     UpdateSettings,
 )
-from streamchat.conversation.kept_prefix import Keep
+from streamchat.conversation.driven import DrivenSession
 from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession
 from streamchat.conversation.state import ConversationState
 from streamchat.distributed.lockstep import Exit, Lockstep, out_of_step_failures
 from streamchat.errors import RankLostError, StreamchatError
-from streamchat.generation.cache_view import CacheView
+from streamchat.generation.driver import Driver
 from streamchat.generation.events import Event
-from streamchat.generation.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11
@@ -49,11 +46,12 @@ NOT_RESUMED = "no cache state under --tp (each process holds a shard of the cach
 Result = TypeVar("Result")
 
 
-class LeaderSession(Conversation):
+class LeaderSession(DrivenSession):
     """A Conversation that moves on every rank at once."""
 
-    def __init__(self, session: ChatSession, lockstep: Lockstep) -> None:
-        self._session = session
+    def __init__(self, session: ChatSession, driver: Driver, lockstep: Lockstep) -> None:
+        super().__init__(session, driver)
+        self._here = DrivenSession(session, driver)  # rank 0's own moves, once the others were told
         self._lockstep = lockstep
         self._closed = False
         # The ranks are out of step (a peer is gone, or this rank failed): nothing more is sent.
@@ -61,51 +59,15 @@ class LeaderSession(Conversation):
         # A call was sent and has not finished here: the others are within it, not waiting for a request.
         self._in_step = False
 
-    # ---- reading the conversation: rank 0 alone ------------------------------------------------
-
-    @property
-    def transcript(self) -> list[Message]:
-        return self._session.transcript
-
-    @property
-    def system_prompt(self) -> str | None:
-        return self._session.system_prompt
-
-    @property
-    def settings(self) -> GenerationSettings:
-        return self._session.settings
-
-    @property
-    def seed(self) -> int:
-        return self._session.seed
-
-    @property
-    def keep(self) -> Keep:
-        return self._session.keep
+    # ---- reading the conversation: rank 0 alone (DrivenSession's reads) -------------------------
 
     @property
     def steps_in_lockstep(self) -> bool:
         return True
 
-    def options(self) -> list[tuple[str, str]]:
-        return self._session.options()
-
-    def cache_stats(self) -> CacheStats:
-        return self._session.cache_stats()
-
-    def cache_view(self) -> CacheView:
-        return self._session.cache_view()
-
-    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
-        return self._session.decode(token_ids)
-
     def snapshot(self, tensors: bool = True) -> ConversationState:
         """The conversation without tensors: rank 0 holds only a shard of the cache; --continue replays."""
-        return self._session.snapshot(tensors=False)
-
-    def stop(self) -> None:
-        """Stop rank 0's reply; the others stop at the same token (the lockstep shares where it stops)."""
-        self._session.stop()
+        return self.session.snapshot(tensors=False)
 
     # ---- calls that move the conversation: every rank ----------------------------------------
 
@@ -126,7 +88,7 @@ class LeaderSession(Conversation):
         return self._turn_everywhere(SetSystemPrompt(text))
 
     def update_settings(self, **changes: Unpack[SessionChanges]) -> None:
-        self._session.update_settings(**changes)  # a bad value is refused here, before any rank changes
+        self.session.update_settings(**changes)  # a bad value is refused here, before any rank changes
         self._lockstep.send(UpdateSettings(changes))
 
     def replay(self, messages: list[Message]) -> Iterator[Event]:
@@ -151,7 +113,7 @@ class LeaderSession(Conversation):
         self._in_step = True
         with self._watched():
             self._lockstep.send(move)
-            return move.apply(self._session)
+            return move.apply(self._here)
 
     def _turn_everywhere(self, move: Move[Iterator[Event]]) -> Iterator[Event]:
         return self._driven(self._everywhere(move))
@@ -163,7 +125,7 @@ class LeaderSession(Conversation):
                     yield event
                 except GeneratorExit:
                     # Abandoned here (a closed pipe, say): stop the reply, and finish the turn as the others do.
-                    self._session.stop()
+                    self.session.stop()
                     for _ in events:
                         pass
                     self._in_step = False

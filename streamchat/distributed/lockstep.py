@@ -37,7 +37,7 @@ Request = Move[Any] | Exit
 
 
 class Lockstep:
-    """This rank's end of the lockstep (a generation.decoder.StepChannel)."""
+    """This rank's end of the lockstep (a generation.decoder.LockstepChannel)."""
 
     def __init__(self, group: Group) -> None:
         self.group = group

@@ -107,13 +107,13 @@ def supervise(world_size: int, command: Sequence[str], report_line: Callable[[st
             signal.signal(signal.SIGINT, signal.SIG_IGN if _terminal_interrupts_rank_0() else forward)
             code, why = _watch(ranks, report)
         finally:
-            for rank in ranks:
-                _end(rank.process)
+            for started in ranks:
+                _end(started.process)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            for rank in ranks:
-                if rank.stderr is not None:
-                    rank.stderr.close()
+            for started in ranks:
+                if started.stderr is not None:
+                    started.stderr.close()
     if why is not None:
         report_line(why)  # after every rank has ended: the last line on the terminal
     return code
@@ -195,8 +195,10 @@ def _watch(ranks: list[_Rank], report: Path) -> tuple[int, str | None]:
         with contextlib.suppress(ProcessLookupError):
             leader.send_signal(PEER_FAILED_SIGNAL)
         _wait_all(ranks[:1], defaults.TP_EXIT_GRACE_SECONDS)
-    failed = cause is not None and 0 < (cause.process.returncode or 0) < 128
-    return (cause.process.returncode if failed else RankLostError.exit_code), why
+    cause_code = cause.process.returncode if cause is not None else None
+    if cause_code is not None and 0 < cause_code < 128:
+        return cause_code, why  # the rank failed: its own code
+    return RankLostError.exit_code, why
 
 
 def _cause(ranks: list[_Rank]) -> _Rank | None:

@@ -2,9 +2,9 @@
 
     engine = Engine(model)     # or Engine(model, compile_backend="inductor"): a reply alone steps compiled
     engine.submit(request)     # a reply to decode, a text to read: it works in every step until it ends
-    engine.step()              # draw -> schedule -> run -> settle
+    outputs = engine.step()    # draw -> schedule -> run -> settle: what it did for each request (Output)
     engine.leave(cache)        # a conversation stopped waiting: its request, work and row go
-    engine.reserve(rows, like) # the decode pool grown for that many replies now, not as they start
+    engine.reserve(rows, like) # the decode batch grown for that many replies now, not as they start
 
 One step is one forward pass (nano-vllm's LLMEngine.step), in four phases:
 
@@ -17,8 +17,8 @@ One step is one forward pass (nano-vllm's LLMEngine.step), in four phases:
 
 A reply's token is drawn at the start of the step that feeds it, not at the end of the one
 before, so a stop asked for between two steps (Ctrl-C, a client gone) is heeded before
-another token is drawn (a text's chunk likewise). What the requests say waits in each one for
-whoever drives the steps to hand on (streamchat.generation.engine_steps).
+another token is drawn (a text's chunk likewise). What the requests say comes back from the
+step, an Output each, for the process's driver to hand on (streamchat.generation.driver).
 
 Decoding is bound by reading the weights, so a step for eight conversations costs little
 more than a step for one, and a prompt chunk read in the same pass shares the reads.
@@ -32,7 +32,7 @@ from streamchat import defaults
 from streamchat.cache import SinkCache
 from streamchat.engine.runner import Runner
 from streamchat.engine.scheduler import schedule
-from streamchat.engine.work import Fed, Request, Ticket
+from streamchat.engine.work import Fed, Output, Request, Ticket
 
 
 class Engine:
@@ -58,16 +58,18 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._queued or self._drawing)
 
-    def step(self) -> bool:
-        """Run the next step: draw, schedule, one forward pass, settle; False when nothing could run.
+    def step(self) -> list[Output]:
+        """Run the next step: draw, schedule, one forward pass, settle. What it did for each request it touched, in
+        the order they came: what each said and whether it ended (one that ended at its draw, a stop asked for,
+        too); none when nothing was left to run.
 
         A failure of the pass (out of memory, a bug) reaches every request of the step: each ends with it, its
         conversation hears of it, and the engine goes on without them.
         """
-        self._draw()
+        outputs = self._draw()
         scheduled = schedule(self._queued, self.runner.members, self.token_budget)
         if not scheduled:
-            return False
+            return outputs
         tickets = scheduled.tickets
         running = {id(ticket.request) for ticket in tickets}
         self._queued = [ticket for ticket in self._queued if id(ticket.request) not in running]
@@ -79,53 +81,53 @@ class Engine:
             self.steps += 1
             self.rows_fed += len(scheduled.rows)
             self.chunk_tokens += sum(ticket.work.tokens for ticket in scheduled.chunks)
-        for ticket, outcome in zip(tickets, outcomes, strict=True):
-            self._settle(ticket.request, outcome)
-        return True
+        outputs += [self._settle(ticket.request, outcome) for ticket, outcome in zip(tickets, outcomes, strict=True)]
+        return outputs
 
     def reserve(self, rows: int, like: SinkCache) -> None:
-        """Room in the decode pool for `rows` replies whose caches are laid out as `like`, now (a server's start)."""
-        self.runner.pool.reserve(rows, like)
+        """Room in the decode batch for `rows` replies whose caches are laid out as `like`, now (a server's start)."""
+        self.runner.batch.reserve(rows, like)
 
     def leave(self, cache: SinkCache) -> None:
         """`cache`'s conversation stopped (its request ended, or was abandoned): its request and queued work are
-        dropped and it leaves the pool."""
+        dropped and it leaves the batch."""
         self._queued = [ticket for ticket in self._queued if ticket.work.cache is not cache]
         self._drawing = [request for request in self._drawing if request.cache is not cache]
         self.runner.leave(cache)
 
     # ---- the phases of a step ----------------------------------------------------------------
 
-    def _draw(self) -> None:
-        """Each request's next work, queued for this step."""
+    def _draw(self) -> list[Output]:
+        """Each request's next work, queued for this step; the outputs of those that end before it."""
         drawing, self._drawing = self._drawing, []
+        ended = []
         for request in drawing:
             try:
                 work = request.next_work()
             except Exception as error:  # its sampler failed (out of memory): that request fails, the rest go on
-                self._end(request, error)
+                ended.append(self._end(request, error))
                 continue
             if work is None:
-                self._end(request)
+                ended.append(self._end(request))
             else:
                 self._queued.append(Ticket(work, request))
+        return ended
 
-    def _settle(self, request: Request, outcome: Fed | BaseException) -> None:
+    def _settle(self, request: Request, outcome: Fed | BaseException) -> Output:
         if isinstance(outcome, BaseException):
-            self._end(request, outcome)
-            return
+            return self._end(request, outcome)
         try:
-            goes_on = request.advance(outcome)
+            advanced = request.advance(outcome)
         except Exception as error:
-            self._end(request, error)
-            return
-        if goes_on:
+            return self._end(request, error)
+        if advanced.goes_on:
             self._drawing.append(request)
-        else:
-            self._end(request)
+            return Output(request, advanced.events)
+        return self._end(request, events=advanced.events)
 
-    def _end(self, request: Request, error: BaseException | None = None) -> None:
-        """A request ended: a reply leaves the pool now, between steps, so the next step's rows need no word
+    def _end(self, request: Request, error: BaseException | None = None, events: tuple[object, ...] = ()) -> Output:
+        """A request ended: a reply leaves the batch now, between steps, so the next step's rows need no word
         from it."""
         self.runner.leave(request.cache)
         request.end(error)
+        return Output(request, events, ended=True, error=error)

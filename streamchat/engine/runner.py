@@ -4,34 +4,37 @@
     outcomes = runner.run(scheduled)     # a Fed for each ticket, in scheduled.tickets' order
     runner.leave(cache)                  # a reply ended: its cache owns its storage again
 
-Decode rows feed through the pool of streamchat.cache.batch (each cache a row of one
+Decode rows feed through the batch of streamchat.cache.batch (each cache a row of one
 allocation, its own ledgers planning its step); each prompt chunk through its own cache's
 step. Where the model has the lean forward (placement/lean_forward.py, the llama family
 fused at load), all of them run as one ragged pass: the products read every weight once
 for the whole step. Other models run the decode rows in one pass and each chunk in its own,
 through the model's forward: the same results, more weight reads. With a compile backend,
-a reply decoding alone steps through its compiled step (engine/compiled_step.py): the
+a reply decoding alone steps through its compiled step (engine/compiled_decode.py): the
 chat's, one conversation a step.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from streamchat.cache.batch import BatchStep, CacheBatch
 from streamchat.cache.feeding import step_logits
 from streamchat.cache.sink_cache import SinkCache, Step
-from streamchat.engine.compiled_step import CompiledStep
+from streamchat.engine.compiled_decode import CompiledDecode
 from streamchat.engine.scheduler import Scheduled
-from streamchat.engine.work import DecodeRow, Fed, PromptChunk
-from streamchat.placement.lean_forward import Segment, lean_forward_for
+from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Ticket
+from streamchat.errors import CacheStateError
+from streamchat.placement.lean_forward import LeanForward, Segment, lean_forward_for
+
+_Kind = TypeVar("_Kind", DecodeRow, PromptChunk)
 
 
 class _Rows(NamedTuple):
-    """The decode rows' open step, and the cache they attend through (the pool, or one reply's own cache)."""
+    """The decode rows' open step, and the cache they attend through (the batch, or one reply's own cache)."""
 
     cache: CacheBatch | SinkCache
     step: BatchStep
@@ -43,59 +46,66 @@ class Runner:
     def __init__(self, model: Any, compile_backend: str | None = None) -> None:
         self.model = model
         self.lean = lean_forward_for(model)
-        self.pool = CacheBatch()
-        self.compiled = CompiledStep(model, compile_backend) if compile_backend is not None else None
+        self.batch = CacheBatch()
+        self.compiled = CompiledDecode(model, compile_backend) if compile_backend is not None else None
 
     @property
     def members(self) -> list[SinkCache]:
-        """The caches in the decode pool, in row order."""
-        return self.pool.members
+        """The caches in the decode batch, in row order."""
+        return self.batch.members
 
     def run(self, scheduled: Scheduled) -> list[Fed]:
         """Feed every scheduled piece of work; what each got, in `scheduled.tickets`' order."""
-        rows = [ticket.work for ticket in scheduled.rows]
-        chunks = [ticket.work for ticket in scheduled.chunks]
-        if self.compiled is not None and len(rows) == 1 and not chunks and not self.pool.members:
-            return [self._compiled_step(rows[0])]
+        rows, chunks = _works(scheduled.rows, DecodeRow), _works(scheduled.chunks, PromptChunk)
+        compiled, lean = self.compiled, self.lean
+        if compiled is not None and len(rows) == 1 and not chunks and not self.batch.members:
+            return [self._compiled_decode(compiled, rows[0])]
         with torch.inference_mode(), ExitStack() as opened:
             decode = self._open_rows(rows, opened) if rows else None
             reads = [opened.enter_context(chunk.cache.step(chunk.ids, chunk.label)) for chunk in chunks]
-            logits = (self._ragged if self.lean is not None else self._each)(decode, chunks, reads)
+            if lean is not None:
+                logits = self._ragged(lean, decode, chunks, reads)
+            else:
+                logits = self._each(decode, chunks, reads)
         evictions = [*(decode.step.evictions if decode is not None else []), *(read.eviction for read in reads)]
         return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
 
     def leave(self, cache: SinkCache) -> None:
-        """`cache`'s reply ended, between steps: it leaves the decode pool. A last member left alone leaves
+        """`cache`'s reply ended, between steps: it leaves the decode batch. A last member left alone leaves
         too (one copy of its cache): one reply decodes through its own cache, as fast as a reply alone."""
         with torch.inference_mode():
-            self.pool.leave(cache)
-            if len(self.pool.members) == 1:
-                self.pool.leave(self.pool.members[0])
+            self.batch.leave(cache)
+            if len(self.batch.members) == 1:
+                self.batch.leave(self.batch.members[0])
 
     def will_compile(self, cache: SinkCache) -> bool:
         """Whether a step that decodes `cache` alone compiles first (slow: the chat says so)."""
         return self.compiled is not None and self.compiled.will_compile(cache)
 
-    def _compiled_step(self, row: DecodeRow) -> Fed:
+    def _compiled_decode(self, compiled: CompiledDecode, row: DecodeRow) -> Fed:
         with row.cache.decode_step(row.label, row.token_id) as eviction:
-            return Fed(self.compiled(row.cache, row.token.reshape(1, 1)), eviction)
+            return Fed(compiled(row.cache, row.token.reshape(1, 1)), eviction)
 
     def _open_rows(self, rows: list[DecodeRow], opened: ExitStack) -> _Rows:
-        """Open the decode rows' step: one reply alone through its own cache's decode step, more through the pool."""
-        if len(rows) == 1 and not self.pool.members:
+        """Open the decode rows' step: one reply alone through its own cache's decode step, more through the batch."""
+        if len(rows) == 1 and not self.batch.members:
             row = rows[0]
             cache, token = row.cache, row.token.reshape(1, 1)
             eviction = opened.enter_context(cache.decode_step(row.label, row.token_id))
             return _Rows(cache, BatchStep(token, cache.decode_inputs(token), [eviction]))
-        self.pool.join(*(row.cache for row in rows))  # members stay; joiners take the next rows, in order
+        self.batch.join(*(row.cache for row in rows))  # members stay; joiners take the next rows, in order
         tokens, labels, token_ids = zip(*((row.token, row.label, row.token_id) for row in rows), strict=True)
-        return _Rows(self.pool, opened.enter_context(self.pool.decode_step(tokens, labels, token_ids)))
+        return _Rows(self.batch, opened.enter_context(self.batch.decode_step(tokens, labels, token_ids)))
 
-    def _ragged(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
-        """One lean pass over every row and chunk: logits [outputs, vocab]."""
+    def _ragged(
+        self, lean: LeanForward, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]
+    ) -> torch.Tensor:
+        """One lean pass (`lean`, the model's) over every row and chunk: logits [outputs, vocab]."""
         if not chunks:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
+            if decode is None:
+                raise CacheStateError("a step was run with no work in it")
             inputs = decode.step.inputs
-            return self.lean(decode.step.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
+            return lean(decode.step.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
         tokens, positions, segments = [], [], []
         if decode is not None:
             step = decode.step
@@ -106,10 +116,20 @@ class Runner:
             tokens.append(chunk.ids[0])
             positions.append(read.inputs.position_ids[0])
             segments.append(Segment(chunk.tokens, chunk.cache, read.inputs.attention_mask, decode=False))
-        return self.lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
+        return lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
 
     def _each(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
         """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
         parts = [] if decode is None else [(decode.step.input_ids, decode.cache, decode.step.inputs)]
         parts += [(chunk.ids, chunk.cache, read.inputs) for chunk, read in zip(chunks, reads, strict=True)]
         return torch.cat([step_logits(self.model, cache, ids, inputs)[:, -1] for ids, cache, inputs in parts])
+
+
+def _works(tickets: list[Ticket], kind: type[_Kind]) -> list[_Kind]:
+    """The work of `tickets`, each piece a `kind`: the scheduler sorts decode rows from prompt chunks."""
+    works = []
+    for ticket in tickets:
+        if not isinstance(ticket.work, kind):
+            raise CacheStateError(f"a step's {kind.__name__}s hold a {type(ticket.work).__name__}")
+        works.append(ticket.work)
+    return works

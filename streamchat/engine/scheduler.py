@@ -6,8 +6,8 @@ while the step's tokens stay within the budget. The oldest chunk always goes, wh
 length, so a prompt is never starved by decode rows. Chunks are never cut further here:
 a conversation cuts its prompt where reading it alone would, so the cache computes the same.
 
-Decode rows run together or not at all: the pooled decode step feeds every member of the
-pool at once, so it waits until every member has queued its token (each does, once per
+Decode rows run together or not at all: the batched decode step feeds every member of the
+batch at once, so it waits until every member has queued its token (each does, once per
 round of the engine's clients).
 """
 
@@ -22,7 +22,7 @@ from streamchat.engine.work import DecodeRow, PromptChunk, Ticket
 
 @dataclass
 class Scheduled:
-    """One step's work: decode rows in the pool's row order (joiners last), then prompt chunks."""
+    """One step's work: decode rows in the batch's row order (joiners last), then prompt chunks."""
 
     rows: list[Ticket] = field(default_factory=list)
     chunks: list[Ticket] = field(default_factory=list)
@@ -36,7 +36,7 @@ class Scheduled:
 
 
 def schedule(queued: Sequence[Ticket], members: Sequence[SinkCache], token_budget: int) -> Scheduled:
-    """The next step's work out of `queued` (oldest first), for a pool whose rows are `members`."""
+    """The next step's work out of `queued` (oldest first), for a batch whose rows are `members`."""
     rows = {id(ticket.work.cache): ticket for ticket in queued if isinstance(ticket.work, DecodeRow)}
     step = Scheduled()
     if rows and all(id(member) in rows for member in members):

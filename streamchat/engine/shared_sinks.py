@@ -1,11 +1,12 @@
 """Sinks read once for every conversation that begins alike: by default, the system turn a server's conversations share.
 
     shared = SharedSinks()
-    taken = shared.take(cache, ids, label)   # ids: the sinks a new conversation's first prompt begins with
+    taken = shared.take(cache, ids, label, reading)   # ids: the sinks a new conversation's first prompt begins with
     # "copied": they are in `cache` now, as the conversation that read them first left them
-    # "read":   none are kept yet: this conversation reads them, then shared.keep(cache, ids, label)
-    #           (or shared.forget_reading(...) when it could not)
-    # "wait":   another conversation is reading the same sinks: take again after the engine's next step
+    # "read":   none are kept yet: this conversation reads them (`reading`, its request), then
+    #           shared.keep(cache, ids, label) (or shared.forget_reading(...) when it could not)
+    # "wait":   another conversation is reading the same sinks: wait for shared.reader(cache, ids, label) to end
+    #           in the engine's steps, then take again
 
 The cache keeps the system turn as its sinks, and a server's clients mostly send the same
 one, so every new conversation would read the same tokens into the same first slots.
@@ -25,6 +26,7 @@ from typing import Literal
 from streamchat import defaults
 from streamchat.cache.sink_cache import SinkCache
 from streamchat.cache.snapshots import CacheSnapshot
+from streamchat.engine.work import Request
 
 Taken = Literal["copied", "read", "wait"]
 # The sinks' tokens, the label they are recorded with, and the cache's shape (sinks, window).
@@ -38,11 +40,11 @@ class SharedSinks:
         self.limit = limit
         self.copies = 0  # conversations that took their sinks from here rather than reading them
         self._kept: OrderedDict[_Key, CacheSnapshot] = OrderedDict()  # least recently taken first
-        self._reading: set[_Key] = set()
+        self._reading: dict[_Key, Request] = {}  # the request reading each kind of sinks now
 
-    def take(self, cache: SinkCache, ids: list[int], label: int) -> Taken:
+    def take(self, cache: SinkCache, ids: list[int], label: int, reader: Request) -> Taken:
         """The sinks `ids`, recorded with `label`, copied into the empty `cache` when they are kept; else who reads
-        them (see the module's docstring)."""
+        them: `reader` (the request that would read them), or another (see the module's docstring)."""
         key = _key(cache, ids, label)
         kept = self._kept.get(key)
         if kept is not None:
@@ -52,20 +54,24 @@ class SharedSinks:
             return "copied"
         if key in self._reading:
             return "wait"
-        self._reading.add(key)
+        self._reading[key] = reader
         return "read"
+
+    def reader(self, cache: SinkCache, ids: list[int], label: int) -> Request:
+        """The request reading the sinks `ids` now (take() said "wait")."""
+        return self._reading[_key(cache, ids, label)]
 
     def keep(self, cache: SinkCache, ids: list[int], label: int) -> None:
         """`cache` holds the sinks `ids` alone, just read: kept for the conversations that begin alike."""
         key = _key(cache, ids, label)
-        self._reading.discard(key)
+        self._reading.pop(key, None)
         self._kept[key] = CacheSnapshot.whole(cache)
         while len(self._kept) > self.limit:
             self._kept.popitem(last=False)
 
     def forget_reading(self, cache: SinkCache, ids: list[int], label: int) -> None:
         """The conversation that was reading the sinks `ids` did not (stopped, failed): the next one reads them."""
-        self._reading.discard(_key(cache, ids, label))
+        self._reading.pop(_key(cache, ids, label), None)
 
 
 def _key(cache: SinkCache, ids: list[int], label: int) -> _Key:

@@ -2,7 +2,7 @@
 
     decoder = Decoder(cache)
     decoder.start(logits, settings, sampler, label)   # the logits after the prompt; the draw composed
-    each engine step (streamchat.generation.engine_steps):
+    each engine step (streamchat.generation.decoding):
         drawn = decoder.draw()              # the next token on the device (and on the host, where it waits)
         decoder.checkpoint()                # what take_back() returns to
         ... the step feeds drawn.on_device ...
@@ -26,14 +26,14 @@ starts the reply again, and a conversation is snapshotted whole only between rep
 no state of it is saved or restored.
 
 Under tensor parallelism (streamchat.distributed) every rank decodes in lockstep: a
-`StepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
+`LockstepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
 stops there, and the other ranks feed what they are told. Without one, nothing changes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -41,6 +41,7 @@ from streamchat.cache import SinkCache
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.cache.record import UNREAD
 from streamchat.cache.snapshots import CacheSnapshot
+from streamchat.errors import CacheStateError
 from streamchat.generation.sampling import (
     Draw,
     Sampler,
@@ -52,8 +53,10 @@ from streamchat.generation.sampling import (
 )
 from streamchat.generation.settings import GenerationSettings
 
+_T = TypeVar("_T")
 
-class StepChannel(Protocol):
+
+class LockstepChannel(Protocol):
     """How the ranks of a tensor-parallel run agree on each step (streamchat.distributed.lockstep)."""
 
     leads: bool  # this rank draws; the others are told
@@ -76,7 +79,7 @@ class Drawn:
 class Decoder:
     """Draws and settles reply tokens for one session's cache, a step at a time."""
 
-    def __init__(self, cache: SinkCache, vocab_size: int | None = None, channel: StepChannel | None = None) -> None:
+    def __init__(self, cache: SinkCache, vocab_size: int | None = None, channel: LockstepChannel | None = None) -> None:
         self.cache = cache
         self.channel = channel
         # Rows past the tokenizer's vocabulary (padding some models add) are never drawn.
@@ -119,13 +122,14 @@ class Decoder:
         the next one."""
         if self._settled is not None:  # drawn again over the whole vocabulary: fed() took its guess back
             return Drawn(self._settled.on_device, self._settled.token)
-        row = self._penalized(self._row)
-        drawn = self._draw(row)
+        row = self._penalized(_required(self._row, "draw() before start()"))
+        draw = _required(self._draw, "draw() before start()")
+        drawn = draw(row)
         self._reader.send(drawn)
         if self._reader.asynchronous and self.channel is None:
             self._unread = (row, drawn)
             return Drawn(drawn.token, UNREAD)
-        self._settled = self._draw.settle(row, drawn, self._reader.receive())
+        self._settled = draw.settle(row, drawn, self._reader.receive())
         return Drawn(self._settled.on_device, self._settled.token)
 
     def draw_agreed(self, stop_requested: bool) -> Drawn | None:
@@ -151,25 +155,39 @@ class Decoder:
         is the token to feed."""
         settled, self._settled = self._settled, None
         if settled is None:  # fed before the host read it
-            (row, drawn), self._unread = self._unread, None
-            settled = self._draw.settle(row, drawn, self._reader.receive())
+            (row, drawn), self._unread = _required(self._unread, "fed() before draw()"), None
+            settled = _required(self._draw, "fed() before start()").settle(row, drawn, self._reader.receive())
             if settled.redrawn:
                 self._settled = settled
-                self._checkpoint.restore(self.cache)
+                _required(self._checkpoint, "fed() before checkpoint()").restore(self.cache)
                 return None
             self.cache.learn_token(settled.token)
         self._row = self._last_row(logits)
         if self._counts is not None:
-            self._counts.index_add_(0, settled.on_device, self._one)  # on the device: no host sync
+            one = _required(self._one, "fed() before start()")  # start() sets both
+            self._counts.index_add_(0, settled.on_device, one)  # on the device: no host sync
             self._counted = settled.on_device
         return settled.token
 
+    def logprobs(self, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        """The last token fed, `token`: its log-probability under the logits it was drawn from (the model's own,
+        before any penalty or temperature), and the `top` likeliest tokens' there, best first."""
+        row = self._previous_row
+        if row is None:
+            raise CacheStateError("the decoder's log-probabilities were asked for before a token was fed")
+        logprobs = torch.log_softmax(row, dim=-1)
+        values, ids = logprobs.topk(top) if top else (logprobs[:0], logprobs[:0].long())
+        chosen, *best = torch.cat((logprobs[token].reshape(1), values)).tolist()
+        return chosen, list(zip(ids.tolist(), best, strict=True))
+
     def take_back(self) -> None:
         """Undo the step that fed the last token (exactly: nothing it overwrote was held), its count included."""
-        self._checkpoint.restore(self.cache)
+        _required(self._checkpoint, "take_back() before checkpoint()").restore(self.cache)
         self._row = self._previous_row
         if self._counted is not None:
-            self._counts.index_add_(0, self._counted, self._one, alpha=-1)
+            order = "take_back() before start()"
+            counts, one = _required(self._counts, order), _required(self._one, order)
+            counts.index_add_(0, self._counted, one, alpha=-1)
             self._counted = None
 
     # ---- the phases of a draw ----------------------------------------------------------
@@ -200,7 +218,7 @@ class _Reader:
         self._values: torch.Tensor | None = None
         if self.asynchronous:
             self._host = torch.empty(2, dtype=torch.long, pin_memory=True)
-            self._ready = torch.cuda.Event()
+            self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch's Event.__init__ is unannotated
 
     def send(self, drawn: Draw) -> None:
         """Start copying the draw's token and settled flag to the host."""
@@ -216,5 +234,12 @@ class _Reader:
             self._ready.synchronize()
             token, settled = self._host.tolist()
         else:
-            token, settled = self._values.tolist()
+            token, settled = _required(self._values, "receive() before send()").tolist()
         return token, bool(settled)
+
+
+def _required(value: _T | None, order: str) -> _T:
+    """`value`, set by a call that comes first; CacheStateError where the decoder was driven out of `order`."""
+    if value is None:
+        raise CacheStateError(f"the decoder was driven out of order: {order}")
+    return value

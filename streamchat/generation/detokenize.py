@@ -20,7 +20,7 @@ which is decode(ids, skip_special_tokens=True) for transformers 5 tokenizers.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -58,7 +58,7 @@ class IncrementalDetokenizer:
         if token_id in self._special_ids:
             return ""
         self._window.append(token_id)
-        if _BYTE_TOKEN.fullmatch(self._tokenizer.convert_ids_to_tokens(token_id)):
+        if _BYTE_TOKEN.fullmatch(cast(str, self._tokenizer.convert_ids_to_tokens(token_id))):  # one id: one token
             return ""  # the run of byte tokens decodes as a whole once it ends
         return self._emit(final=False)
 
@@ -77,4 +77,5 @@ class IncrementalDetokenizer:
         return text[len(shown_text) :]
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        text = self._tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return cast(str, text)  # one sequence of ids: one text

@@ -18,6 +18,16 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A reply token's log-probability under the model (its own logits, before any penalty or temperature), and
+    the likeliest tokens' at the same step, best first (as many as asked for): each as its text and value."""
+
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Evicted:
     """Tokens left the window: `count` of them, stream indices first..last, and their text."""
 
@@ -151,6 +161,7 @@ class NotResumed:
 
 Event = (
     TextDelta
+    | TokenLogprob
     | Evicted
     | PromptTruncated
     | PromptSkipped

@@ -8,8 +8,8 @@ evicted again before the model could answer, so skipping it changes what the mod
 sees only by what the first of those windows was computed after.
 
     reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
-    # in an engine's steps (engine/work.py: Request): next_work() -> fed -> advance(fed) ...
-    reading.logits, reading.said()          # the logits after its last token; what it said since last asked
+    # in an engine's steps (engine/work.py: Request): next_work() -> fed -> advance(fed) -> what it says ...
+    reading.logits                           # the logits after its last token
     logits = read_prompt(model, cache, ids)  # a benchmark's prompt, read whole as the chat reads one
 """
 
@@ -25,8 +25,8 @@ from streamchat import defaults
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import NO_LABEL, Eviction
 from streamchat.engine.engine import Engine
-from streamchat.engine.work import Fed, PromptChunk
-from streamchat.errors import ConfigError
+from streamchat.engine.work import Advanced, Fed, PromptChunk
+from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.events import CacheOccupancy, Event, Evicted, PromptProgress
 
 # A replay, or a long prompt, feeds the last this-many windows of its text.
@@ -96,10 +96,8 @@ class Reading:
         self.cache, self.label = cache, label
         self.tokens = sum(len(ids) for ids, _ in parts)  # to read, all told
         self.logits = logits  # [1, 1, vocab] after the last token read; None until one is
-        self.events: list[Event] = []  # said since whoever drives it last took them
         self.stopped = False  # a stop ended it before its last chunk
-        self.ended = False
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # what ended it, where a failure did
         # What is left to do, in order: chunks to read (lists of ids) and counts of tokens skipped (ints).
         self._left: list[list[int] | int] = []
         for ids, skipped in parts:
@@ -119,50 +117,52 @@ class Reading:
             self.stopped = True
             return None
         chunk = self._left.pop(0)
+        if isinstance(chunk, int):  # _count_skipped() took every count before it
+            raise CacheStateError("a reading's next chunk is a count of skipped tokens")
         self._chunks_left -= 1
         self._reading = len(chunk)
         return PromptChunk(self.cache, torch.tensor([chunk], device=self.cache.device), self.label)
 
-    def advance(self, fed: Fed) -> bool:
-        """A chunk was read: its logits kept, its eviction and progress said; False when it was the last."""
+    def advance(self, fed: Fed) -> Advanced:
+        """A chunk was read: its logits kept, its eviction and progress said; it goes on while chunks are left."""
         self.logits = fed.logits
+        events: list[Event] = []
         if fed.eviction is not None:
-            self.events.append(self._evicted(fed.eviction))
+            events.append(self._evicted(fed.eviction))
         if self._progress is not None and (event := self._progress.advance(self._reading)) is not None:
-            self.events.append(event)
+            events.append(event)
             if self._occupancy:
-                self.events.append(CacheOccupancy(self.cache.stats(), 0.0))
-        return self._chunks_left > 0
+                events.append(CacheOccupancy(self.cache.stats(), 0.0))
+        return Advanced(tuple(events), self._chunks_left > 0)
 
     def end(self, error: BaseException | None) -> None:
         if error is None and not self.stopped:
             self._count_skipped()  # those after the last chunk
-        self.ended, self.error = True, error
-
-    def said(self) -> list[Event]:
-        """The events since the last call."""
-        events, self.events = self.events, []
-        return events
+        self.error = error
 
     def _count_skipped(self) -> None:
-        while self._left and isinstance(self._left[0], int):
-            self.cache.count_skipped(self._left.pop(0), self.label)
+        while self._left and isinstance(skipped := self._left[0], int):
+            self._left.pop(0)
+            self.cache.count_skipped(skipped, self.label)
 
 
 def read_prompt(model: Any, cache: SinkCache, ids: list[int]) -> torch.Tensor:
     """Read `ids` whole into `cache` as the chat reads a text (TokenLoop.feed): a Reading, a chunk of at most
-    defaults.PREFILL_CHUNK tokens (and the window) a step, in an engine of its own (engine/runner.py: the lean
+    defaults.PREFILL_CHUNK tokens (and the window) a step, in an engine of the benchmark's (engine/runner.py: the lean
     ragged pass where the model has one). For a benchmark's prompt, so that what it measures after the prompt
-    starts from the cache the chat would hold. The logits [1, 1, vocab] after the last token."""
+    starts from the cache the chat would hold (the benchmark is the process's driver: it takes the steps' outputs
+    itself). The logits [1, 1, vocab] after the last token."""
     if not ids:
         raise ConfigError("a prompt to read needs at least one token")
     engine = Engine(model)
     reading = Reading(cache, [(ids, 0)], NO_LABEL, min(defaults.PREFILL_CHUNK, cache.window), _untold)
     engine.submit(reading)
-    while not reading.ended:
-        engine.step()
+    while not any(output.ended for output in engine.step()):
+        pass
     if reading.error is not None:
         raise reading.error
+    if reading.logits is None:  # it read at least one chunk
+        raise CacheStateError("a prompt was read without logits after it")
     return reading.logits
 
 

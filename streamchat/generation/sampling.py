@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from streamchat.errors import CacheStateError
 from streamchat.generation.settings import MAX_SEED, GenerationSettings
 
 # How many of the highest logits a draw looks at before it falls back to the whole vocabulary.
@@ -113,7 +114,7 @@ class TokenDraw:
     def __init__(
         self,
         draw: Callable[[torch.Tensor], Draw],
-        redraw: Callable[[torch.Tensor, torch.Tensor | None], Draw],
+        redraw: Callable[[torch.Tensor, torch.Tensor], Draw],
     ) -> None:
         self._draw = draw  # on the shortlist where it can decide
         self._redraw = redraw  # the same logits at an earlier draw's number, over the whole vocabulary
@@ -130,6 +131,8 @@ class TokenDraw:
         token, settled = read
         if settled:
             return Settled(token, drawn.token, redrawn=False)
+        if drawn.uniform is None:  # only a shortlist leaves a draw unsettled, and it draws at a number
+            raise CacheStateError("a draw made without a number cannot be drawn again")
         redrawn = self._redraw(logits, drawn.uniform).token
         return Settled(int(redrawn.item()), redrawn, redrawn=True)
 

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from streamchat import defaults
 from streamchat.errors import ConfigError
@@ -139,7 +139,7 @@ class GenerationSettings:
     def changes_to(self, other: GenerationSettings) -> GenerationChanges:
         """The settings `other` sets differently: `self.changed(self.changes_to(other)) == other`."""
         differing = {name: getattr(other, name) for name in _FIELD_NAMES if getattr(self, name) != getattr(other, name)}
-        return GenerationChanges(**differing)  # type: ignore[typeddict-item]  # the fields' names and types
+        return cast(GenerationChanges, differing)  # the fields' names, with their values
 
     def as_pairs(self) -> list[tuple[str, str]]:
         """(name, value) of every setting, each value in the form parse_setting() reads."""
@@ -179,7 +179,7 @@ def parse_setting(key: str, text: str) -> GenerationChanges:
     except ValueError:
         raise ConfigError(f"{key} must be {_allowed(key)}, got {text!r}.") from None
     GenerationSettings(**{key: value})  # refused as it is parsed (-1 is a number, not a temperature)
-    return GenerationChanges(**{key: value})  # type: ignore[typeddict-item]  # key is one of the fields
+    return cast(GenerationChanges, {key: value})  # key is one of the fields, value of its kind
 
 
 def _allowed(name: str) -> str:

@@ -7,17 +7,20 @@ per token, in the phases of a turn:
     decode          draw, show and feed reply tokens until a stop
     feed            any other tokens: the end of a turn, a replayed message
 
-It owns the cache, hands every forward pass to an engine's steps (its own, or one shared
-with other conversations: the server's), feeds every token labelled with its transcript
-message (the cache records both: streamchat.cache.record, what views read), and turns
-every eviction it makes into an Evicted event.
+It owns the cache, and yields every forward pass it needs as a request for the engine's
+steps (engine/work.py: a reply to decode, a text to read), which the process's driver runs
+with other conversations' (streamchat.generation.driver) and resumes it after. It feeds
+every token labelled with its transcript message (the cache records both:
+streamchat.cache.record, what views read), and turns every eviction it makes into an
+Evicted event.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import Generator
+from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -25,17 +28,19 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
-from streamchat.engine.engine import Engine
-from streamchat.generation.decoder import Decoder, StepChannel
-from streamchat.generation.engine_steps import DecodingReply, EngineSteps, Waiting
+from streamchat.engine.shared_sinks import SharedSinks
+from streamchat.engine.work import Request
+from streamchat.errors import CacheStateError, ConfigError, out_of_memory_as
+from streamchat.generation.decoder import Decoder, LockstepChannel
+from streamchat.generation.decoding import DecodingReply
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
     Evicted,
     PromptSkipped,
     PromptTruncated,
+    TokenLogprob,
 )
-from streamchat.generation.out_of_memory import out_of_memory_reported
 from streamchat.generation.prompt_reading import (
     REPLAYED_WINDOWS,
     Reading,
@@ -67,8 +72,8 @@ class TokenLoop:
         tokenizer: Any,
         window: int,
         prefill_chunk: int,
-        compile_backend: str | None,
-        channel: StepChannel | None,
+        channel: LockstepChannel | None,
+        shared_sinks: SharedSinks | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -78,20 +83,37 @@ class TokenLoop:
         self.channel = channel
         self.device = model.get_input_embeddings().weight.device
         # Both come with use_sinks(): a cache's size depends on the chat format, known later.
-        self.cache: SinkCache | None = None
-        self.decoder: Decoder | None = None
+        self._cache: SinkCache | None = None
+        self._decoder: Decoder | None = None
         # Set from outside, a signal handler included: the loop heeds it between two forward passes.
         self.stop_requested = False
-        # The engine whose steps take the forward passes: its own, which it drives, or one shared with other
-        # conversations (the server's: run_in()).
-        self.own_engine = EngineSteps(Engine(model, compile_backend=compile_backend), drives=True)
-        self.engine = self.own_engine
+        # Where conversations over the same engine that begin alike share their sinks (a server's); None: not shared.
+        self.shared_sinks = shared_sinks
+
+    @property
+    def cache(self) -> SinkCache:
+        """The cache the conversation's tokens go through (use_sinks() makes it)."""
+        if self._cache is None:
+            raise CacheStateError("the token loop has no cache yet: use_sinks() makes it")
+        return self._cache
+
+    @property
+    def decoder(self) -> Decoder:
+        """What draws the replies from the cache (use_sinks() makes it)."""
+        if self._decoder is None:
+            raise CacheStateError("the token loop has no decoder yet: use_sinks() makes it")
+        return self._decoder
+
+    @property
+    def sinks(self) -> int | None:
+        """How many tokens the cache keeps as its sinks; None before use_sinks()."""
+        return None if self._cache is None else self._cache.sinks
 
     def use_sinks(self, sinks: int) -> None:
         """Keep `sinks` tokens from now on, in a new, empty cache."""
-        self.cache = self.decoder = None  # the old storage goes before the new one is allocated
-        self.cache = SinkCache.for_model(self.model, sinks, self.window)
-        self.decoder = Decoder(self.cache, vocab_size=len(self.tokenizer), channel=self.channel)
+        self._cache = self._decoder = None  # the old storage goes before the new one is allocated
+        cache = self._cache = SinkCache.for_model(self.model, sinks, self.window)
+        self._decoder = Decoder(cache, vocab_size=len(self.tokenizer), channel=self.channel)
 
     def reset(self) -> None:
         """Empty the cache, keeping its storage (and the decode step compiled for it, if any)."""
@@ -101,15 +123,6 @@ class TokenLoop:
         """Whether the cache holds whole steps of known tokens: no forward pass was torn off half way, and no
         reply token was fed that the host never read back (its reply abandoned in between)."""
         return self.cache.is_consistent() and UNREAD not in self.cache.held_tokens().token_ids
-
-    @contextmanager
-    def alone(self) -> Iterator[None]:
-        """Within the block, forward passes run in its own engine's steps, at once (for events nobody drives)."""
-        engine, self.engine = self.engine, self.own_engine
-        try:
-            yield
-        finally:
-            self.engine = engine
 
     def stop_agreed(self) -> bool:
         """stop() as every rank sees it: the leader's, under tensor parallelism."""
@@ -121,7 +134,7 @@ class TokenLoop:
 
     def prefill(
         self, prompt: list[int], message: int, read_all: bool, reply_room: int | None
-    ) -> Generator[Event | Waiting, None, Prefilled]:
+    ) -> Generator[Event | Request, None, Prefilled]:
         """Read the prompt of transcript message `message`; a long one as a replay reads a
         conversation (streamchat.generation.prompt_reading) unless `read_all`. With `reply_room`,
         room is made at once for the prompt and that many reply tokens (the paper's per-turn policy)."""
@@ -144,15 +157,23 @@ class TokenLoop:
         return Prefilled(logits, read, read == wanted, prefilled, copied)
 
     def decode(
-        self, logits: torch.Tensor, reply: Reply, message: int, sampler: Sampler, stop_ids: frozenset[int]
-    ) -> Generator[Event | Waiting, None, None]:
-        """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop()."""
+        self,
+        logits: torch.Tensor,
+        reply: Reply,
+        message: int,
+        sampler: Sampler,
+        stop_ids: frozenset[int],
+        logprobs: int | None = None,
+    ) -> Generator[Event | Request, None, None]:
+        """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop(). With
+        `logprobs`, each token's log-probability is said too, with that many of the likeliest alternatives'."""
         self.decoder.start(logits, reply.settings, sampler, label=message)
-        decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted)
-        with out_of_memory_reported(self.device, "generating"):
-            yield from self.engine.run(decoding)
+        said = None if logprobs is None else partial(self._logprob, top=logprobs)
+        decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted, said)
+        with _out_of_memory_reported(self.device, "generating"):
+            yield from _awaited(decoding)
 
-    def feed(self, token_ids: list[int], message: int) -> Generator[Event | Waiting, None, torch.Tensor | None]:
+    def feed(self, token_ids: list[int], message: int) -> Generator[Event | Request, None, torch.Tensor | None]:
         """Feed tokens in chunks, evicting what does not fit; return the last position's logits."""
         reading = self._reading([(token_ids, 0)], message)
         yield from self._read(reading)
@@ -165,7 +186,7 @@ class TokenLoop:
 
     def replay_message(
         self, ids: list[int], start: int, total: int, message: int, progress: ReadingProgress
-    ) -> Generator[Event | Waiting, None, int]:
+    ) -> Generator[Event | Request, None, int]:
         """Feed message `message`, at stream position `start` of a replay `total` tokens long: only what
         falls in the sinks or the last REPLAYED_WINDOWS windows, as the middle would only be evicted again.
         Each forward pass is followed by the replay's `progress` and the cache's occupancy. How many of its
@@ -184,7 +205,7 @@ class TokenLoop:
 
     def _read_prompt(
         self, head: list[int], tail: list[int], skipped: int, message: int
-    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor, int, int]]:
+    ) -> Generator[Event | Request, None, tuple[torch.Tensor, int, int]]:
         """Feed a prompt's head, count the `skipped` middle as forgotten, feed its tail; return
         (the last logits, tokens read, of them copied). Progress is reported, and stop() heeded, between passes."""
         progress = ReadingProgress(len(head) + len(tail), self._chunk)
@@ -197,27 +218,33 @@ class TokenLoop:
         parts = [(head[shared:], skipped), (tail, 0)]
         reading = self._reading(parts, message, progress=progress, stop_requested=self.stop_agreed, logits=logits)
         yield from self._read(reading)
+        if reading.logits is None:  # nothing was read: an empty prompt
+            raise ConfigError("a prompt to read needs at least one token")
         return reading.logits, progress.read, copied
 
     def share_sinks(
         self, head: list[int], message: int
-    ) -> Generator[Event | Waiting, None, tuple[torch.Tensor | None, int]]:
+    ) -> Generator[Event | Request, None, tuple[torch.Tensor | None, int]]:
         """A new conversation's sinks, shared with the others over the engine that begin alike
-        (engine/shared_sinks.py): copied in where one read them, else read in a pass of their own and kept.
-        The logits after them (None when copied), and how many of the head's tokens they are (0: none shared)."""
-        steps, sinks = self.engine, self.cache.sinks
-        if steps.shared_sinks is None or self.cache.stats().seen or len(head) < sinks:
+        (engine/shared_sinks.py): copied in where one read them (once it has, when it is reading them), else read
+        in a pass of their own and kept. The logits after them (None when copied), and how many of the head's
+        tokens they are (0: none shared)."""
+        shared, sinks = self.shared_sinks, self.cache.sinks
+        if shared is None or self.cache.stats().seen or len(head) < sinks:
             return None, 0
         ids = head[:sinks]
-        if (yield from steps.copy_sinks(self.cache, ids, message)):
+        reading = self._reading([(ids, 0)], message)
+        while (taken := shared.take(self.cache, ids, message, reading)) == "wait":
+            yield shared.reader(self.cache, ids, message)  # another conversation's reading of them: its end
+        if taken == "copied":
             return None, sinks
         try:
-            logits = yield from self.feed(ids, message)
+            yield from self._read(reading)
         except BaseException:  # stopped, abandoned or failed half way: the next conversation reads them
-            steps.shared_sinks.forget_reading(self.cache, ids, message)
+            shared.forget_reading(self.cache, ids, message)
             raise
-        steps.shared_sinks.keep(self.cache, ids, message)
-        return logits, sinks
+        shared.keep(self.cache, ids, message)
+        return reading.logits, sinks
 
     @property
     def _chunk(self) -> int:
@@ -227,12 +254,12 @@ class TokenLoop:
     def _reading(self, parts: list[tuple[list[int], int]], message: int, **options: Any) -> Reading:
         return Reading(self.cache, parts, message, self._chunk, self._evicted, **options)
 
-    def _read(self, reading: Reading) -> Generator[Event | Waiting, None, None]:
+    def _read(self, reading: Reading) -> Generator[Event | Request, None, None]:
         """Read `reading` through the cache, in the engine's steps."""
-        with out_of_memory_reported(self.device, f"reading {reading.tokens:,} tokens"):
+        with _out_of_memory_reported(self.device, f"reading {reading.tokens:,} tokens"):
             # Yields while the steps run: outside inference mode, which is the thread's, as the driver (the
             # server's worker) runs other conversations between two items.
-            yield from self.engine.run(reading)
+            yield from _awaited(reading)
 
     def _make_room(self, incoming: int) -> Generator[Event, None, None]:
         """Make room ahead for `incoming` tokens; report what that evicted."""
@@ -240,7 +267,32 @@ class TokenLoop:
         if eviction is not None:
             yield self._evicted(eviction)
 
+    def _logprob(self, token: int, top: int) -> TokenLogprob:
+        """The event for the log-probabilities of `token`, just fed, and of the `top` likeliest at its step."""
+        chosen, best = self.decoder.logprobs(token, top)
+        return TokenLogprob(self._token_text(token), chosen, tuple((self._token_text(t), v) for t, v in best))
+
+    def _token_text(self, token: int) -> str:
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
+
     def _evicted(self, eviction: Eviction) -> Evicted:
         """The event for an eviction the cache made, with the text of the tokens that left."""
         text = self.tokenizer.decode(list(eviction.token_ids), skip_special_tokens=False)
         return Evicted(eviction.count, eviction.first_index, eviction.last_index, text, eviction.stats)
+
+
+def _awaited(request: DecodingReply | Reading) -> Generator[Request, None, None]:
+    """Wait for `request` to end in the engine's steps (the driver resumes the loop then); raises what ended it,
+    where a failure did (its draw's, its step's)."""
+    yield request
+    if request.error is not None:
+        raise request.error
+
+
+def _out_of_memory_reported(device: torch.device, doing: str) -> AbstractContextManager[None]:
+    """Within the block, running out of memory on `device` while `doing` something is an OutOfMemoryError: one line
+    that says what to make smaller."""
+    return out_of_memory_as(
+        f"out of memory on {device} while {doing}; try a smaller --window, --dtype bfloat16 or float16, "
+        "or a smaller model"
+    )

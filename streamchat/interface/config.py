@@ -51,7 +51,7 @@ from streamchat.interface.values import (
 )
 from streamchat.loading import LoadOptions
 from streamchat.placement.device import DEVICE_NAMES, DTYPE_NAMES, is_device_name, is_dtype_name
-from streamchat.placement.quantization import QUANTIZE_NAMES, is_quantize_name
+from streamchat.placement.quantization import KV_CACHE_NAMES, QUANTIZE_NAMES, is_kv_cache_name, is_quantize_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,6 +103,7 @@ class RunConfig:
     device: str = _option(defaults.DEVICE, checked(text, is_device_name, f"must be one of {DEVICE_NAMES}"))
     dtype: str = _option(defaults.DTYPE, checked(text, is_dtype_name, f"must be one of {DTYPE_NAMES}"))
     quantize: str = _option(defaults.QUANTIZE, checked(text, is_quantize_name, f"must be one of {QUANTIZE_NAMES}"))
+    kv_cache: str = _option(defaults.KV_CACHE, checked(text, is_kv_cache_name, f"must be one of {KV_CACHE_NAMES}"))
     device_map: str | None = _option(None, text)
     eviction: str = _option(
         defaults.EVICTION_POLICY, checked_by(eviction_policy, f"one of {', '.join(defaults.EVICTION_POLICIES)}")
@@ -155,6 +156,7 @@ def load_options(config: RunConfig) -> LoadOptions:
         device=config.device,
         dtype=config.dtype,
         quantize=config.quantize,
+        kv_cache=config.kv_cache,
         device_map=config.device_map,
         trust_remote_code=config.trust_remote_code,
         allow_pickle=config.allow_pickle,

@@ -18,9 +18,9 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from streamchat.cache.ledger import CacheStats
 from streamchat.generation.events import (
     CacheOccupancy,
-    CacheStats,
     Compiled,
     Compiling,
     Event,
@@ -205,8 +205,8 @@ class ChatDisplay:
         width = self.console.width
         if len(self._partial) > 4 * width:
             wrapped = safe_text(self._partial).wrap(self.console, width)
-            for line in wrapped[:-1]:
-                self._print(line)
+            for wrapped_line in wrapped[:-1]:
+                self._print(wrapped_line)
             self._partial = wrapped[-1].plain
 
     def _visible_partial(self) -> str:

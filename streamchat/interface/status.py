@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from streamchat.generation.events import CacheStats
+from streamchat.cache.ledger import CacheStats
 
 Segment = Literal["sinks", "window", "free"]
 
@@ -35,7 +35,7 @@ def bar_segments(stats: CacheStats, width: int) -> list[tuple[Segment, int]]:
         if amount and not cells[name]:
             cells[name] = 1
     # Give or take the rounding difference from the largest part.
-    largest = max(cells, key=cells.get)
+    largest = max(cells, key=lambda name: cells[name])
     cells[largest] += width - sum(cells.values())
     return [(name, cells[name]) for name, _ in parts if cells[name] > 0]
 

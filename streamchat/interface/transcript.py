@@ -125,6 +125,7 @@ def read_transcript(
         looks_like_json, lines = _sniff_json(lines)
         if not looks_like_json:
             transcript_format = "text"
+    items: Iterator[TranscriptItem]
     if transcript_format == "text":
         items = _text_turns(lines, turns)
     else:

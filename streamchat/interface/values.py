@@ -84,8 +84,11 @@ def checked(convert: Converter, holds: Callable[[Any], bool], rule: str) -> Conv
     return convert_and_check
 
 
-def checked_by(check: Callable[[object], Any], rule: str) -> Converter:
-    """An option the engine checks itself (raising ConfigError): its check, and the rule in these words."""
+def checked_by(check: Callable[[Any], Any], rule: str) -> Converter:
+    """An option the engine checks itself (raising ConfigError): its check, and the rule in these words.
+
+    The check is given the raw value as it came (text, or a config file's value of any type) and refuses
+    what it does not name."""
 
     def convert(raw: object) -> Any:
         try:

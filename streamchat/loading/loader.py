@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from streamchat import defaults
 from streamchat.loading.aliases import CARD_SAMPLING, offline_install
@@ -19,7 +19,12 @@ from streamchat.loading.integrity import ensure_complete_gguf, ensure_intact_wei
 from streamchat.loading.resolve import ModelSource, resolve_model
 from streamchat.loading.weights import SAFETENSORS_WEIGHTS, ensure_loadable_weights
 from streamchat.placement.device import Placement, detect_accelerators, for_quantization, plan_placement
-from streamchat.placement.quantization import QuantizationPlan, plan_quantization, quantize_model
+from streamchat.placement.quantization import (
+    QuantizationPlan,
+    plan_kv_cache,
+    plan_quantization,
+    quantize_model,
+)
 from streamchat.placement.tensor_parallel import (
     ensure_heads_split,
     ensure_no_device_map,
@@ -45,6 +50,8 @@ class LoadOptions:
     dtype: str = defaults.DTYPE
     # Weight-only quantization of the linear layers (loading/quantization.py).
     quantize: str = defaults.QUANTIZE
+    # How the cache stores its window's keys and values (--kv-cache): auto, full or int8.
+    kv_cache: str = defaults.KV_CACHE
     # "auto" spreads the model over all GPUs through accelerate; None keeps it on one device.
     device_map: str | None = None
     trust_remote_code: bool = False
@@ -82,6 +89,8 @@ class LoadedModel:
     packed_copy: Path | None = None
     # streamchat's own CPU kernels this model runs through (placement/native.py), if any.
     native: NativeKernels | None = None
+    # "full" or "int8": what --kv-cache settled on, the format every cache for this model takes.
+    kv_cache: str = "full"
 
     @property
     def has_chat_template(self) -> bool:
@@ -109,6 +118,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     placing = for_quantization(accelerators, quantize)  # bfloat16 for the kernels only where they run the layers
     placement = plan_placement(options.device, options.dtype, options.device_map, placing)
     quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
+    plan_kv_cache(options.kv_cache, native_kernels=False)  # a bad name is refused before any download
     directory = _local_directory(source, options, notify)
     config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
     if options.tp_size > 1:
@@ -135,6 +145,10 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
     tokenizer = _load_tokenizer(directory, options, source.name)
     model = weights.model
     _card_sampling(model, source)
+    from streamchat.cache.quantized_kv import KV_FORMAT_ATTRIBUTE  # imports torch, as the model has
+
+    kv_cache = plan_kv_cache(options.kv_cache, native is not None)
+    setattr(model, KV_FORMAT_ATTRIBUTE, kv_cache)  # every cache made for it takes this format (SinkCache.for_model)
     text_config = config.get_text_config(decoder=True)
     return LoadedModel(
         model=model,
@@ -142,7 +156,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         source=source,
         directory=directory,
         model_type=text_config.model_type,
-        device=model.get_input_embeddings().weight.device,
+        device=cast("torch.Tensor", model.get_input_embeddings().weight).device,
         dtype=model.dtype,
         quantization=quantization.method,
         max_context=getattr(text_config, "max_position_embeddings", None),
@@ -152,6 +166,7 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         weights_from=weights.read_from,
         packed_copy=weights.packed_copy,
         native=native,
+        kv_cache=kv_cache,
     )
 
 
@@ -239,6 +254,7 @@ def _load_weights(
             )
         if streamed is not None:
             return streamed
+    placing: dict[str, Any]
     if options.tp_size > 1:
         from transformers import DistributedConfig
 

@@ -18,7 +18,7 @@ import torch
 
 from streamchat.cache import SinkCache
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.decoding import endless_reply
 from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
@@ -47,13 +47,13 @@ def decode_aten_calls_per_token(
     cache = SinkCache.for_model(model, sinks, window)
     decoder = Decoder(cache)
     decoder.start(read_prompt(model, cache, ids[0].tolist()), GenerationSettings(temperature=0.0), Sampler(0))
-    step = engine_step(model, decoder, compile_backend)
+    next_token = endless_reply(model, decoder, compile_backend)
     for _ in range(WARM_UP_STEPS):
-        step()
+        next_token()
 
     def steps() -> None:
         for _ in range(COUNTED_STEPS):
-            step()
+            next_token()
 
     return round(aten_calls(steps) / COUNTED_STEPS)
 

@@ -88,7 +88,7 @@ class TurnRecord:
 
 def questions() -> list[str]:
     """The shipped user turns: generic questions, one a line."""
-    text = resources.files("streamchat").joinpath("data", QUESTIONS_FILE).read_text(encoding="utf-8")
+    text = resources.files("streamchat").joinpath("data").joinpath(QUESTIONS_FILE).read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

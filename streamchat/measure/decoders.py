@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from streamchat import defaults
 from streamchat.cache import SinkCache
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.decoding import endless_reply
 from streamchat.generation.prompt_reading import read_prompt
 from streamchat.generation.sampling import Sampler, make_draw
 from streamchat.generation.settings import GenerationSettings
@@ -48,9 +48,15 @@ class _Sampling:
         self.device = model.get_input_embeddings().weight.device
         self.logits: torch.Tensor | None = None  # [1, 1, vocab] after the last token fed
 
+    def last_logits(self) -> torch.Tensor:
+        """The logits [1, 1, vocab] after the last token fed."""
+        if self.logits is None:
+            raise RuntimeError(f"{type(self).__name__}: no token fed yet")
+        return self.logits
+
     def next_input(self) -> torch.Tensor:
         """The sampled next token as input ids [1, 1]."""
-        token = self.draw.next_token(self.logits[0, -1])
+        token = self.draw.next_token(self.last_logits()[0, -1])
         return torch.tensor([[token]], device=self.device)
 
     def rewind(self) -> None:
@@ -85,9 +91,11 @@ class StreamingDecoder(_Sampling):
         """Stream ids [1, n] through the cache as the chat reads a prompt: in prefill chunks, in the engine's steps."""
         self.logits = read_prompt(self.model, self.cache, input_ids[0].tolist())
         self.decoder.start(self.logits, self.settings, self.sampler)
-        self._step = engine_step(self.model, self.decoder, self.compile_backend)
+        self._step = endless_reply(self.model, self.decoder, self.compile_backend)
 
     def step(self) -> None:
+        if self._step is None:
+            raise RuntimeError("StreamingDecoder: no prompt fed yet")
         self._step()
 
 
@@ -136,6 +144,8 @@ class RecomputeDecoder(_Sampling):
         self.context, self.logits = context, logits
 
     def step(self) -> None:
+        if self.context is None:
+            raise RuntimeError("RecomputeDecoder: not started")
         # The window slides: the oldest token leaves as the new one comes, so the fill stays.
         self.context = torch.cat((self.context[:, 1:], self.next_input()), dim=1)
         self.logits = self.model(input_ids=self.context, use_cache=False, logits_to_keep=1).logits

@@ -127,6 +127,7 @@ class BenchModel:
     quantization: str = "none"
     tokenizer: Any = None  # a loaded model's; random weights have none
     parameters: int = 0  # counted before quantizing (packed layers hold their weights as buffers)
+    kv_cache: str = "full"  # what --kv-cache settled on: how the model's caches store keys and values
 
     @property
     def precision(self) -> str:
@@ -144,13 +145,18 @@ class ModelChoice:
     dtype: str | None
     quantize: str | None
     random_init: str | None = None  # a --random-init spec: random weights in a known shape instead of --model
+    kv_cache: str | None = None
 
     def config(self, **more: object) -> RunConfig:
         """The run configuration, with `more` options as given (None: from the environment, the file, defaults)."""
         if self.model is not None and self.random_init is not None:
             raise ConfigError("--model and --random-init exclude each other: give one")
+        return load_run_config({**self.given(), **more})
+
+    def given(self) -> dict[str, str | None]:
+        """The model options, by name, as the command line gave them (None: not given)."""
         given = {"model": self.model, "device": self.device, "dtype": self.dtype, "quantize": self.quantize}
-        return load_run_config({**given, **more})
+        return {**given, "kv_cache": self.kv_cache}
 
     def bench_model(self, config: RunConfig | None = None) -> BenchModel:
         """--random-init's weights, else the model --model names, loaded as `run` loads it; `config` may ask for
@@ -159,7 +165,7 @@ class ModelChoice:
 
         config = config or self.config()
         if self.random_init is not None:
-            return random_model(self.random_init, config.device, config.dtype, config.quantize)
+            return random_model(self.random_init, config.device, config.dtype, config.quantize, config.kv_cache)
         loaded = load_model(load_options(config), notify=notify)
         return BenchModel(
             loaded.model,
@@ -169,6 +175,7 @@ class ModelChoice:
             loaded.quantization,
             loaded.tokenizer,
             loaded.parameters,
+            loaded.kv_cache,
         )
 
 
@@ -193,16 +200,17 @@ def random_config(spec: str) -> PreTrainedConfig:
     return CONFIG_MAPPING[model_type](**fields)
 
 
-def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> BenchModel:
+def random_model(spec: str, device: str, dtype: str, quantize: str = "none", kv_cache: str = "full") -> BenchModel:
     """Random weights in the shape `spec` describes, created directly on the device, quantized as `quantize` says."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from streamchat.cache.architectures import ensure_supported
+    from streamchat.cache.quantized_kv import KV_FORMAT_ATTRIBUTE
     from streamchat.loading.loader import attention_implementation, native_kernels
     from streamchat.placement.device import detect_accelerators, for_quantization, plan_placement
     from streamchat.placement.fusion import fuse_projections
-    from streamchat.placement.quantization import plan_quantization, quantize_model
+    from streamchat.placement.quantization import plan_kv_cache, plan_quantization, quantize_model
 
     accelerators = detect_accelerators()
     placement = plan_placement(device, dtype, None, for_quantization(accelerators, quantize))
@@ -218,9 +226,13 @@ def random_model(spec: str, device: str, dtype: str, quantize: str = "none") -> 
     model.eval()
     parameters = model.num_parameters()  # before quantizing, as load_model counts them
     fuse_projections(model)  # as load_model does: before quantizing, the fused layers quantized whole
-    quantize_model(model, quantization, native_kernels(placement.device, placement.dtype, quantization))
-    device = torch.device(placement.device)
-    return BenchModel(model, f"random {spec}", device, model.dtype, quantization.method, parameters=parameters)
+    native = native_kernels(placement.device, placement.dtype, quantization)
+    quantize_model(model, quantization, native)
+    settled = plan_kv_cache(kv_cache, native is not None)
+    setattr(model, KV_FORMAT_ATTRIBUTE, settled)  # as load_model does: every cache for it takes this format
+    placed = torch.device(placement.device)
+    name, method = f"random {spec}", quantization.method
+    return BenchModel(model, name, placed, model.dtype, method, parameters=parameters, kv_cache=settled)
 
 
 def device_type(device: str) -> str:

@@ -41,7 +41,7 @@ def shipped_facts() -> tuple[list[Fact], list[Fact]]:
 def filler_questions(shared: Path | None = None) -> list[str]:
     """MT-bench's first-turn questions when `shared` (an MT-bench JSONL file) exists, else the shipped ones."""
     if shared is not None and shared.is_file():
-        questions = []
+        questions: list[str] = []
         for line in shared.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 turns = json.loads(line).get("turns") or []

@@ -20,12 +20,13 @@ that run their own forward.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from streamchat.cache.masks import STREAMCHAT_ATTENTION
+from streamchat.cache.quantized_kv import QuantizedWindow, Stored
 from streamchat.placement.native import native_in_use
 
 ATTENTION_NAME = STREAMCHAT_ATTENTION
@@ -63,6 +64,36 @@ def decode_attention(
         )
     # [B, KV, G, Dv] -> [B, 1, H, Dv]: a view, as the G rows of a head group are contiguous.
     return attended.reshape(attended.shape[0], 1, heads, values.shape[-1])
+
+
+def decode_attention_stored(
+    query: torch.Tensor, stored: Stored, mask: torch.Tensor | None, scale: float | None = None
+) -> torch.Tensor:
+    """decode_attention over what a cache's store() gave: keys and values, or an int8 window, which the native
+    kernel reads as it is stored (half the bytes of bfloat16) and anything else reads widened, one layer's at a
+    time. query [B, H, 1, D]; returns [B, 1, H, Dv]."""
+    if not isinstance(stored, QuantizedWindow):
+        return decode_attention(query, *stored, mask, scale)
+    native = native_in_use()
+    batch, heads, _, head_dim = query.shape
+    kv_heads = stored.keys.shape[1]
+    if native is not None and query.device.type == "cpu" and not torch.compiler.is_compiling():
+        # [B, H, 1, D] -> [B, KV, G, D], as decode_attention packs it.
+        packed = query.reshape(batch, kv_heads, heads // kv_heads, head_dim).contiguous()
+        scale = head_dim**-0.5 if scale is None else scale
+        attended = native.decode_attention_int8(packed, stored, decode_mask(mask), scale)
+        if attended is not None:
+            # [B, KV, G, Dv] -> [B, 1, H, Dv]
+            return attended.reshape(batch, 1, heads, attended.shape[-1])
+    return decode_attention(query, *stored.widened(), mask, scale)
+
+
+@overload
+def decode_mask(mask: torch.Tensor) -> torch.Tensor: ...
+
+
+@overload
+def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
 def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -106,6 +106,7 @@ def cpu_bf16_from_cpuinfo(cpuinfo: str, machine: str) -> bool:
     Each processor's block lists its flags ("flags" on x86, "Features" on aarch64); all
     processors must have one, since a thread may run on any of them.
     """
+    wanted: tuple[str, ...]
     if machine in ("x86_64", "amd64", "i686", "i386"):
         key, wanted = "flags", X86_BF16_FLAGS
     elif machine in ("aarch64", "arm64"):

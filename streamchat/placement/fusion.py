@@ -23,7 +23,12 @@ separate layers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Model types whose decoder layers are llama's: self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj.
 FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -68,6 +73,8 @@ class FusedProjection(torch.nn.Module):
 class ProjectionPart(torch.nn.Module):
     """Where a fused projection was: its slice of the fused layer's output."""
 
+    fused: FusedProjection
+
     def __init__(self, fused: FusedProjection, index: int) -> None:
         super().__init__()
         # Not a child module: the fused layer is its parent's (qkv_proj), held here by reference only.
@@ -82,22 +89,24 @@ class ProjectionPart(torch.nn.Module):
         return f"part {self.index} of the fused layer, out_features={self.out_features}"
 
 
-def fusable(model: torch.nn.Module) -> bool:
+def fusable(model: PreTrainedModel) -> bool:
     """Whether `model` is of a family whose projections fuse_projections joins."""
     config = model.config.get_text_config(decoder=True)
     return config.model_type in FUSED_MODEL_TYPES and _layers(model) is not None
 
 
-def fuse_projections(model: torch.nn.Module) -> int:
+def fuse_projections(model: PreTrainedModel) -> int:
     """Fuse q/k/v and gate/up in every decoder layer of `model`, in place; return how many fused layers it made.
 
     Call before quantize_model. A model of another family, or one already fused, is left as it is.
     """
-    if not fusable(model):
+    layers = _layers(model)
+    if not fusable(model) or layers is None:
         return 0
     count = 0
-    for layer in _layers(model):
-        count += _fuse(layer.self_attn, "qkv_proj", QKV) + _fuse(layer.mlp, "gate_up_proj", GATE_UP)
+    for layer in layers:
+        attention, mlp = cast(torch.nn.Module, layer.self_attn), cast(torch.nn.Module, layer.mlp)
+        count += _fuse(attention, "qkv_proj", QKV) + _fuse(mlp, "gate_up_proj", GATE_UP)
     return count
 
 
@@ -113,8 +122,9 @@ def unfused_names(name: str) -> list[str]:
 
 
 def _fuse(parent: torch.nn.Module, fused_name: str, names: tuple[str, ...]) -> int:
-    layers = [getattr(parent, name, None) for name in names]
-    if not all(type(layer) is torch.nn.Linear for layer in layers):
+    found = [getattr(parent, name, None) for name in names]
+    layers = [layer for layer in found if type(layer) is torch.nn.Linear]
+    if len(layers) != len(names):
         return 0  # already fused, quantized or of another shape
     if len({(layer.in_features, layer.bias is None) for layer in layers}) != 1:
         return 0

@@ -132,6 +132,8 @@ class Int4Linear(PackedLinear):
     """y = x @ W.T + bias, W = q * step + minimum per group of GROUP_SIZE inputs of an output row."""
 
     kernel_max_rows = INT4_KERNEL_MAX_ROWS
+    weight_int4: torch.Tensor  # buffers, registered in __init__
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)

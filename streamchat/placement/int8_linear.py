@@ -47,6 +47,9 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(PackedLinear):
     """y = x @ (scales * weight_int8).T + bias."""
 
+    weight_int8: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__(linear)
         quantized, scales = quantize_rows(linear.weight.detach())

@@ -45,8 +45,10 @@ import torch
 
 from streamchat.cache.batch import CacheBatch
 from streamchat.cache.layers import DecodeStorage
+from streamchat.cache.quantized_kv import INT8, Stored
 from streamchat.cache.sink_cache import SinkCache
-from streamchat.placement.attention import decode_attention, decode_mask, streamchat_attention_forward
+from streamchat.errors import CacheStateError
+from streamchat.placement.attention import decode_attention_stored, decode_mask, streamchat_attention_forward
 from streamchat.placement.fusion import FusedProjection, fusable
 from streamchat.placement.native import NativeKernels, native_in_use
 from streamchat.placement.native_layers import TiledInt4Linear
@@ -59,7 +61,7 @@ MAX_GROUPS = 16  # query heads per key/value head the attention kernel takes
 class _Layer(NamedTuple):
     """What one decoder layer's step reads, gathered once."""
 
-    index: int
+    number: int  # from 0 (not `index`: a tuple's method)
     input_norm: torch.Tensor  # [hidden]
     qkv: FusedProjection
     o_proj: torch.nn.Module
@@ -138,9 +140,9 @@ class LeanForward:
             query_key, value = self._projections(layer, hidden)
             rotated = query_key * cos + query_key.roll(self.head_dim // 2, dims=-1) * sin
             queries, keys = rotated.split((self.q_heads, self.kv_heads), dim=2)
-            keys, values = cache.update(keys.transpose(1, 2), value.transpose(1, 2), layer.index)
+            stored = _store(cache, keys.transpose(1, 2), value.transpose(1, 2), layer.number)
             # [batch, 1, q_heads, head_dim] -> [batch, q_heads, 1, head_dim]; out [batch, 1, q_heads, head_dim].
-            attended = decode_attention(queries.transpose(1, 2), keys, values, mask, self.scaling)
+            attended = decode_attention_stored(queries.transpose(1, 2), stored, mask, self.scaling)
             hidden = hidden + layer.o_proj(attended.reshape(batch, 1, self.q_heads * self.head_dim))
             gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
@@ -168,7 +170,8 @@ class LeanForward:
             hidden = hidden + layer.o_proj(attended[0] if len(attended) == 1 else torch.cat(attended, dim=1))
             gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
-        last, start = [], 0
+        last: list[int] = []
+        start = 0
         for segment in segments:
             start += segment.length
             last.extend(range(start - segment.length, start) if segment.decode else [start - 1])
@@ -193,8 +196,8 @@ class LeanForward:
         """Decode rows: queries [1, rows, q_heads, head_dim] -> attended [1, rows, q_heads * head_dim]."""
         rows = queries.shape[1]
         # [1, rows, heads, head_dim] -> [rows, heads, 1, head_dim]: a row's token is its own query.
-        keys, values = cache.update(keys[0, :, :, None], values[0, :, :, None], layer.index)
-        attended = decode_attention(queries[0, :, :, None], keys, values, mask, self.scaling)
+        stored = _store(cache, keys[0, :, :, None], values[0, :, :, None], layer.number)
+        attended = decode_attention_stored(queries[0, :, :, None], stored, mask, self.scaling)
         return attended.reshape(1, rows, self.q_heads * self.head_dim)
 
     def _attend_chunk(
@@ -206,7 +209,7 @@ class LeanForward:
         them once per query head first (repeat_kv), a copy of the whole cache per layer and chunk. (On a GPU,
         torch's kernels that take a mask do not take grouped heads, so its path stays.)"""
         length = queries.shape[1]
-        keys, values = cache.update(keys.transpose(1, 2), values.transpose(1, 2), layer.index)
+        keys, values = cache.update(keys.transpose(1, 2), values.transpose(1, 2), layer.number)
         if length == 1 or mask is None or queries.device.type != "cpu":
             attended, _ = streamchat_attention_forward(
                 layer.attention, queries.transpose(1, 2), keys, values, mask, dropout=0.0, scaling=self.scaling
@@ -242,6 +245,13 @@ class LeanForward:
         wide = hidden.float()
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * wide.to(hidden.dtype)
+
+
+def _store(cache: Any, keys: torch.Tensor, values: torch.Tensor, number: int) -> Stored:
+    """The step's keys and values [batch, kv_heads, n, head_dim] written: what attention reads, as the cache
+    stores it where it can say (a sink cache's int8 window, read without widening it), else its update's."""
+    store = getattr(cache, "store", None)
+    return cache.update(keys, values, number) if store is None else store(keys, values, number)
 
 
 def _each_mask(mask: Any, convert: Any) -> Any:
@@ -342,23 +352,60 @@ class FusedDecode:
         keys, values, pristine = storage.keys[0], storage.values[0], storage.pristine[0]
         strides = [keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)]
         strides += [pristine.stride(0), pristine.stride(1)]
-        if not _alike(storage) or keys.dtype != torch.bfloat16:
+        if not _alike(storage) or _stored_dtype(storage) != torch.bfloat16:
             return None
-        each_layer = zip(self.weights, storage.keys, storage.values, storage.pristine, storage.partners, strict=True)
-        table = torch.tensor([[*weights, *(tensor.data_ptr() for tensor in held)] for weights, *held in each_layer])
-        dims = torch.tensor([*self.dims, rows, *strides, pristine.shape[3], storage.extent])
+        layers = _stored_per_layer(storage)
+        table = torch.tensor(
+            [
+                [*weights, *(tensor.data_ptr() for tensor in held)]
+                for weights, held in zip(self.weights, layers, strict=True)
+            ]
+        )
+        scales, exact = layers[0][4], layers[0][6]  # an int8 cache's scales and exact sink keys, else the keys
+        int8 = [int(storage.kv_format == INT8), scales.stride(0), scales.stride(1), exact.stride(0), exact.stride(1)]
+        dims = torch.tensor([*self.dims, rows, *strides, pristine.shape[3], storage.extent, *int8])
         out = hidden.clone(memory_format=torch.contiguous_format)
-        angles = [each.contiguous() for each in (cos, sin, storage.sink_cos, storage.sink_sin)]
+        cos, sin, sink_cos, sink_sin = (each.contiguous() for each in (cos, sin, storage.sink_cos, storage.sink_sin))
         slots, sinks = storage.slots.contiguous(), storage.sinks
-        self.kernels.decode_layers(table, dims, slots, sinks, out, *angles, mask, self.eps, self.scale)
+        self.kernels.decode_layers(
+            table, dims, slots, sinks, out, cos, sin, sink_cos, sink_sin, mask, self.eps, self.scale
+        )
         return out
 
 
+def _stored_per_layer(storage: DecodeStorage) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's tensors in decode_layers.c's table order: keys, values, pristine, partners, then the key and
+    value scales and the exact sinks of an int8 cache (a full cache: the keys and values again, which hold its
+    sinks; their scales are never read)."""
+    if storage.kv_format == INT8:
+        tail = _int8_tensors(storage)
+    else:
+        tail = (storage.keys, storage.values, storage.keys, storage.values)
+    return list(zip(storage.keys, storage.values, storage.pristine, storage.partners, *tail, strict=True))
+
+
+def _int8_tensors(storage: DecodeStorage) -> tuple[list[torch.Tensor], ...]:
+    """An int8 cache's key scales, value scales, sink keys and sink values, per layer."""
+    key_scales, value_scales, sink_keys, sink_values = (
+        storage.key_scales, storage.value_scales, storage.sink_keys, storage.sink_values,
+    )  # fmt: skip
+    if key_scales is None or value_scales is None or sink_keys is None or sink_values is None:
+        raise CacheStateError(f"a {storage.kv_format} cache's decode storage has no int8 tensors")
+    return key_scales, value_scales, sink_keys, sink_values
+
+
+def _stored_dtype(storage: DecodeStorage) -> torch.dtype:
+    """What the cache's keys are read in: its exact sinks' dtype in an int8 cache, else its keys'."""
+    return _int8_tensors(storage)[2][0].dtype if storage.kv_format == INT8 else storage.keys[0].dtype
+
+
 def _alike(storage: DecodeStorage) -> bool:
-    """Whether every layer's storage has the first's strides (decode_layers.c takes one set)."""
-    first = [tensor.stride() for tensor in (storage.keys[0], storage.values[0], storage.pristine[0])]
-    layers = zip(storage.keys, storage.values, storage.pristine, storage.partners, strict=True)
-    return all([k.stride(), v.stride(), p.stride()] == first and q.stride() == p.stride() for k, v, p, q in layers)
+    """Whether every layer's storage has the first's strides, and keys and values alike, scales alike, exact sinks
+    alike (decode_layers.c takes one set)."""
+    layers = _stored_per_layer(storage)
+    first = [tensor.stride() for tensor in layers[0]]
+    pairs_alike = all(layer[2 * i + 2].stride() == layer[2 * i + 3].stride() for layer in layers for i in range(3))
+    return pairs_alike and all([tensor.stride() for tensor in layer] == first for layer in layers)
 
 
 def _takes_mask(mask: Any, rows: int, extent: int) -> bool:

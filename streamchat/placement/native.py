@@ -4,6 +4,7 @@
     kernels.int4_rows(rows, nibbles, params)      # int4 weights times activation rows (native_layers.py)
     kernels.int8_rows(rows, packed, scales, sums) # int8 weights: the output head's float32 logits
     kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
+    kernels.decode_attention_int8(query, window, mask, scale)     # the same over an int8 cache's window
     kernels.rms_norm(hidden, weight, eps)         # LlamaRMSNorm of bfloat16 rows (lean_forward.py)
     kernels.decode_layers(table, dims, ...)       # every layer of a one-token step (lean_forward.py)
     use_native_kernels(kernels)                   # what attention and the lean forward call, in this process
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from streamchat import defaults
+from streamchat.cache.quantized_kv import QuantizedWindow, quantize
 
 TILE = 16  # outputs a tile of int4 weights holds: one vector lane each (int4_rows.c)
 KERNELS = Path(__file__).parent / "kernels"
@@ -107,6 +109,7 @@ class NativeKernels:
             function.argtypes, function.restype = arguments, returned
         self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
         self._rms_norm, self._decode_layers = loaded.rms_norm, loaded.decode_layers
+        self._attention_int8 = loaded.decode_attention_int8
 
     def int4_rows(self, rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         """rows [n, in] (contiguous, float32 or bfloat16) @ W.T for tile-packed int4 W: [n, out], the rows' dtype."""
@@ -157,6 +160,43 @@ class NativeKernels:
             query.data_ptr(), keys.data_ptr(), values.data_ptr(), 0 if mask is None else mask.data_ptr(),
             out.data_ptr(), batch, kv_heads, groups, dim, value_dim, slots, keys.stride(0), keys.stride(1),
             values.stride(0), values.stride(1), mask_batch, scale, half, torch.get_num_threads(),
+        )  # fmt: skip
+        if answer == _SHAPE_NOT_TAKEN:
+            return None
+        if answer:
+            raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
+        return out
+
+    def decode_attention_int8(
+        self, query: torch.Tensor, window: QuantizedWindow, mask: torch.Tensor | None, scale: float
+    ) -> torch.Tensor | None:
+        """decode_attention over an int8 cache's window (cache/quantized_kv.py) as it is stored: query [B, KV, G,
+        D] (contiguous) in the window's dtype (float32 or bfloat16), levels [B, KV, S, D] with their scales, each
+        row's exact sinks; None for what the kernel does not take."""
+        batch, kv_heads, groups, dim = query.shape
+        keys, values, key_scales, value_scales, sink_keys, sink_values, sinks = window
+        if query.dtype != sink_keys.dtype or query.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        alike = keys.stride() == values.stride() and key_scales.stride() == value_scales.stride()
+        alike = alike and sink_keys.stride() == sink_values.stride() and values.shape[3] == dim
+        if not alike or keys.stride()[2:] != (dim, 1) or sink_keys.stride()[2:] != (dim, 1):
+            return None
+        if key_scales.stride(2) != 1 or not query.is_contiguous():
+            return None
+        if mask is not None and (mask.dtype != torch.float32 or mask.stride(-1) != 1):
+            return None
+        out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype)
+        mask_batch = mask.stride(0) if mask is not None and mask.shape[0] > 1 else 0
+        shape = torch.tensor(
+            [batch, kv_heads, groups, dim, keys.shape[2], *keys.stride()[:2], *key_scales.stride()[:2],
+             *sink_keys.stride()[:2], mask_batch]
+        )  # fmt: skip
+        rows_sinks = sinks.to(torch.int64).contiguous()
+        answer = self._attention_int8(
+            query.data_ptr(), keys.data_ptr(), values.data_ptr(), key_scales.data_ptr(), value_scales.data_ptr(),
+            sink_keys.data_ptr(), sink_values.data_ptr(), rows_sinks.data_ptr(),
+            0 if mask is None else mask.data_ptr(), out.data_ptr(), shape.data_ptr(), scale,
+            query.dtype == torch.bfloat16, torch.get_num_threads(),
         )  # fmt: skip
         if answer == _SHAPE_NOT_TAKEN:
             return None
@@ -308,10 +348,30 @@ def _checks_out(kernels: NativeKernels) -> bool:
     expected = torch.softmax(query @ keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ values
     attended = kernels.decode_attention(query, keys, values, mask, 0.5)
     attention_agrees = attended is not None and _close(attended, expected)
+    # The same over an int8 window, its first 2 slots exact sinks: against the window widened.
+    window = _int8_window(keys, values, sinks=2)
+    attended = kernels.decode_attention_int8(query, window, mask, 0.5)
+    widened_keys, widened_values = window.widened()
+    expected = torch.softmax(query @ widened_keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ widened_values
+    attention_agrees = attention_agrees and attended is not None and _close(attended, expected)
     hidden, weight = rows.bfloat16(), torch.randn(64, generator=generator).bfloat16()
     wide = hidden.float()
     normed = weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
-    return int4_agrees and int8_agrees and attention_agrees and _close(kernels.rms_norm(hidden, weight, 1e-5), normed)
+    return (
+        int4_agrees
+        and int8_agrees
+        and attention_agrees
+        and (norm := kernels.rms_norm(hidden, weight, 1e-5)) is not None
+        and _close(norm, normed)
+    )
+
+
+def _int8_window(keys: torch.Tensor, values: torch.Tensor, sinks: int) -> QuantizedWindow:
+    """keys and values [B, KV, S, D] as an int8 cache stores them, their first `sinks` slots kept exact."""
+    (key_levels, key_scales), (value_levels, value_scales) = quantize(keys), quantize(values)
+    exact = torch.full((keys.shape[0],), sinks)
+    sink_keys, sink_values = keys[:, :, :sinks].contiguous(), values[:, :, :sinks].contiguous()
+    return QuantizedWindow(key_levels, value_levels, key_scales, value_scales, sink_keys, sink_values, exact)
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -111,6 +111,8 @@ class TiledInt4Linear(PackedLinear):
     """
 
     kernel_max_rows = 1 << 62  # no chunk is widened
+    nibbles: torch.Tensor  # buffers, registered in __init__
+    params: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear, kernels: NativeKernels) -> None:
         super().__init__(linear)
@@ -144,6 +146,9 @@ class TiledInt8Head(PackedLinear):
     """logits = x @ (scales * W).T + bias in float32, W int8 per output row as Int8Linear quantizes it."""
 
     kernel_max_rows = 1 << 62  # the kernel at any number of rows: a prompt's logits are few anyway
+    packed: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
+    sums: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear, kernels: NativeKernels) -> None:
         super().__init__(linear)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from streamchat import defaults
@@ -42,10 +43,12 @@ from streamchat.placement.device import Accelerators
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
 
     from streamchat.placement.native import NativeKernels
 
 QUANTIZE_NAMES = ", ".join(defaults.QUANTIZATIONS)
+KV_CACHE_NAMES = ", ".join(defaults.KV_CACHES)
 # The install line a missing or unusable torchao points at: the range pyproject.toml pins.
 TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"
 
@@ -72,6 +75,21 @@ NO_QUANTIZATION = QuantizationPlan("none")
 def is_quantize_name(name: str) -> bool:
     """Whether `name` spells a --quantize value (see QUANTIZE_NAMES)."""
     return name in defaults.QUANTIZATIONS
+
+
+def is_kv_cache_name(name: str) -> bool:
+    """Whether `name` spells a --kv-cache value (see KV_CACHE_NAMES)."""
+    return name in defaults.KV_CACHES
+
+
+def plan_kv_cache(requested: str, native_kernels: bool) -> str:
+    """Settle --kv-cache: "full" or "int8" (cache/quantized_kv.py); auto by whether streamchat's own CPU kernels
+    run the model (`native_kernels`), which read an int8 window without widening it."""
+    if not is_kv_cache_name(requested):
+        raise ConfigError(f"--kv-cache {requested!r} is not a KV cache format; choose one of {KV_CACHE_NAMES}")
+    if requested != "auto":
+        return requested
+    return defaults.AUTO_KV_CACHE_NATIVE if native_kernels else defaults.AUTO_KV_CACHE
 
 
 def precision_label(dtype: torch.dtype, quantization: str) -> str:
@@ -126,7 +144,7 @@ def _check_cuda_int4(dtype: str, accelerators: Accelerators) -> None:
 
 
 def quantize_model(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     plan: QuantizationPlan,
     native: NativeKernels | None = None,
     within: torch.nn.Module | None = None,
@@ -160,7 +178,7 @@ def quantizes_while_loading(plan: QuantizationPlan) -> bool:
 
 
 def _apply(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     scope: torch.nn.Module,
     scheme: Scheme,
     chosen: Callable[[torch.nn.Module], bool],
@@ -172,6 +190,8 @@ def _apply(
     if scheme == "int8-torchao":
         config = torchao.quantization.Int8WeightOnlyConfig(set_inductor_config=False)
         return _torchao_quantize(torchao, scope, config, chosen)
+    import torch
+
     count = 0
     for size in CUDA_INT4_GROUP_SIZES:
         config = torchao.quantization.Int4WeightOnlyConfig(
@@ -179,18 +199,21 @@ def _apply(
         )
 
         def in_this_group(module: torch.nn.Module, size: int = size) -> bool:
-            return chosen(module) and _cuda_int4_group_size(module) == size
+            # A chosen layer is a linear one: the isinstance only tells the type checker so.
+            return chosen(module) and isinstance(module, torch.nn.Linear) and _cuda_int4_group_size(module) == size
 
         count += _torchao_quantize(torchao, scope, config, in_this_group)
     return count
 
 
-def _cuda_int4_group_size(linear: torch.nn.Module) -> int | None:
+def _cuda_int4_group_size(linear: torch.nn.Linear) -> int | None:
     """The largest group size that divides the layer's inputs."""
     return next((size for size in CUDA_INT4_GROUP_SIZES if linear.in_features % size == 0), None)
 
 
-def _torchao_quantize(torchao: object, model: torch.nn.Module, config: object, chosen: Callable) -> int:
+def _torchao_quantize(
+    torchao: ModuleType, model: torch.nn.Module, config: object, chosen: Callable[[torch.nn.Module], bool]
+) -> int:
     chosen_names = {name for name, module in model.named_modules() if chosen(module)}
     if chosen_names:
         torchao.quantization.quantize_(model, config, filter_fn=lambda module, name: name in chosen_names)
@@ -232,15 +255,18 @@ def _int8_head_maker(native: NativeKernels | None) -> Callable[[torch.nn.Linear]
 
 
 def _replace_linear_layers(
-    model: torch.nn.Module, scope: torch.nn.Module, maker: _LayerMaker, chosen: Callable[[torch.nn.Module], bool]
+    model: PreTrainedModel, scope: torch.nn.Module, maker: _LayerMaker, chosen: Callable[[torch.nn.Module], bool]
 ) -> int:
     """Replace the chosen linear layers within `scope` that `maker` takes with the quantized layers it makes."""
-    # Collected first: replacing children while walking the module tree would skip some.
+    import torch
+
+    # Collected first: replacing children while walking the module tree would skip some. (A chosen layer is a
+    # linear one: the isinstance only tells the type checker so.)
     targets = [
         (parent, name, child)
         for parent in scope.modules()
         for name, child in parent.named_children()
-        if chosen(child) and maker.fits(child)
+        if chosen(child) and isinstance(child, torch.nn.Linear) and maker.fits(child)
     ]
     head = model.get_output_embeddings()
     for parent, name, child in targets:
@@ -252,7 +278,7 @@ def _replace_linear_layers(
     return len(targets)
 
 
-def _import_torchao(scheme: str) -> object:
+def _import_torchao(scheme: str) -> ModuleType:
     """torchao (its import warnings are silenced in streamchat/__init__.py)."""
     method = scheme.split("-")[0]
     try:

@@ -75,8 +75,10 @@ def ensure_heads_split(config: Any, tp_size: int, name: str) -> None:
     """ConfigError unless the attention and KV heads split evenly over `tp_size` ranks (each takes whole heads)."""
     text_config = config.get_text_config(decoder=True)
     heads = getattr(text_config, "num_attention_heads", None)
+    if not heads:
+        return
     kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-    if not heads or (heads % tp_size == 0 and kv_heads % tp_size == 0):
+    if heads % tp_size == 0 and kv_heads % tp_size == 0:
         return
     fits = [n for n in range(2, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
     suggestion = f"use --tp {' or '.join(map(str, fits))}" if fits else "it cannot be sharded; drop --tp"

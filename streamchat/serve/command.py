@@ -23,6 +23,7 @@ from streamchat.interface.options import (
     DeviceOption,
     DtypeOption,
     KeepOption,
+    KvCacheOption,
     ModelOption,
     QuantizeOption,
     RecallOption,
@@ -35,7 +36,16 @@ from streamchat.interface.reporting import reported_errors
 
 SERVER_PANEL = "Server"
 # The options only `serve` has; the rest are run's, resolved by interface.config.
-SERVER_OPTIONS = ("host", "port", "api_key", "max_conversations", "max_waiting", "max_tokens_limit", "cors")
+SERVER_OPTIONS = (
+    "host",
+    "port",
+    "api_key",
+    "max_conversations",
+    "max_waiting",
+    "max_wait_seconds",
+    "max_tokens_limit",
+    "cors",
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -66,6 +76,7 @@ def serve(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     device_map: DeviceMapOption = None,
     trust_remote_code: TrustRemoteCodeOption = None,
     allow_pickle: AllowPickleOption = None,
@@ -98,12 +109,21 @@ def serve(
     max_waiting: Annotated[
         int,
         option(
-            f"Requests that may wait for the model beyond those answered; more get 429. "
+            f"Requests that may wait in line beyond those answered, first come first served; more get 429. "
             f"\\[default: {defaults.SERVE_MAX_WAITING}]",
             panel=SERVER_PANEL,
             metavar="N",
         ),
     ] = defaults.SERVE_MAX_WAITING,
+    max_wait_seconds: Annotated[
+        float,
+        option(
+            "How long a request may wait in line for a conversation to be free before it gets 429 (0: no limit). "
+            f"\\[default: {defaults.SERVE_MAX_WAIT_SECONDS:g}]",
+            panel=SERVER_PANEL,
+            metavar="SECONDS",
+        ),
+    ] = defaults.SERVE_MAX_WAIT_SECONDS,
     max_tokens_limit: Annotated[
         int | None,
         option(
@@ -126,16 +146,19 @@ def serve(
     given = given_options(context)
     with reported_errors():
         check_exposure(host, api_key)
-        if max_conversations < 1 or max_waiting < 0 or not 0 < port < 65536:
-            raise ConfigError("--max-conversations must be >= 1, --max-waiting >= 0, --port from 1 to 65535")
+        if max_conversations < 1 or max_waiting < 0 or not 0 < port < 65536 or not max_wait_seconds >= 0:
+            raise ConfigError(
+                "--max-conversations must be >= 1, --max-waiting >= 0, --max-wait-seconds >= 0, --port from 1 to 65535"
+            )
         if max_tokens_limit is not None and max_tokens_limit < 1:
             raise ConfigError(f"--max-tokens-limit must be a whole number >= 1, got {max_tokens_limit}")
         config = load_run_config({name: value for name, value in given.items() if name not in SERVER_OPTIONS})
     # Imported here: `streamchat --help` starts without torch, starlette or uvicorn.
     from streamchat.serve.http import HttpOptions
-    from streamchat.serve.server import run_server
+    from streamchat.serve.server import WaitingLine, run_server
 
     options = HttpOptions(api_key=api_key or None, cors=tuple(cors or ()))
     with reported_errors():
-        code = run_server(config, host, port, max_conversations, max_waiting, options, max_tokens_limit)
+        waiting = WaitingLine(max_waiting, max_wait_seconds or None)
+        code = run_server(config, host, port, max_conversations, waiting, options, max_tokens_limit)
     raise typer.Exit(code)

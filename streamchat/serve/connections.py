@@ -30,6 +30,7 @@ class HeaderDeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request headers are not all in within the deadline."""
 
     header_seconds: float = defaults.SERVE_HEADER_SECONDS
+    _header_deadline: asyncio.TimerHandle | None = None  # armed while a request's headers are awaited
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -56,7 +57,7 @@ class HeaderDeadlineProtocol(H11Protocol):
         self._header_deadline = self.loop.call_later(self.header_seconds, self._headers_late)
 
     def _disarm_header_deadline(self) -> None:
-        deadline = getattr(self, "_header_deadline", None)
+        deadline = self._header_deadline
         if deadline is not None:
             deadline.cancel()
             self._header_deadline = None

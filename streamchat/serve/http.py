@@ -36,10 +36,11 @@ from starlette.routing import Route
 
 from streamchat import defaults
 from streamchat.cache.ledger import CacheStats
+from streamchat.generation.events import TextDelta, TokenLogprob
 from streamchat.serve import openai_api as api
 from streamchat.serve.openai_api import ApiError, Limits
 from streamchat.serve.pool import NAMING_HEADER, ConversationPool
-from streamchat.serve.turn import Delta, Finished, Started, Turn
+from streamchat.serve.turn import Finished, Started, Turn
 from streamchat.serve.worker import END, Job, Worker
 from streamchat.storage.session_file import list_sessions
 
@@ -122,9 +123,9 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
             headers = _reply_headers(first)
             if chat.stream:
                 watcher.cancel()
-                events = _stream(queue, turn, reply_id, created, model, chat.include_usage)
+                events = _stream(queue, turn, reply_id, created, model, chat.include_usage, chat.logprobs is not None)
                 return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-            return await _whole(queue, headers, reply_id, created, model)
+            return await _whole(queue, headers, reply_id, created, model, chat.logprobs is not None)
         finally:
             watcher.cancel()
 
@@ -215,35 +216,57 @@ def _reply_headers(started: Started) -> dict[str, str]:
 
 
 async def _whole(
-    queue: asyncio.Queue[object], headers: dict[str, str], reply_id: str, created: int, model: str
+    queue: asyncio.Queue[object], headers: dict[str, str], reply_id: str, created: int, model: str, logprobs: bool
 ) -> Response:
+    said: list[TokenLogprob] = []
     while True:
         item = await queue.get()
         if isinstance(item, ApiError):
             raise item
         if item is END:
             raise ApiError(500, "the reply ended without finishing", kind="server_error")
+        if isinstance(item, TokenLogprob):
+            said.append(item)
         if isinstance(item, Finished):
             used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
-            body = api.completion(reply_id, created, model, item.reply, api.finish_reason(item.stop_reason), used)
+            finish = api.finish_reason(item.stop_reason)
+            body = api.completion(reply_id, created, model, item.reply, finish, used, said if logprobs else None)
             return JSONResponse(body, headers={**headers, CACHE_HEADER: cache_header(item.cache)})
 
 
 async def _stream(
-    queue: asyncio.Queue[object], turn: Turn, reply_id: str, created: int, model: str, include_usage: bool
+    queue: asyncio.Queue[object],
+    turn: Turn,
+    reply_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    logprobs: bool,
 ) -> AsyncIterator[str]:
     told: list[str] = []  # the reply's text sent: each piece once the client's connection took it
+    # Tokens' log-probabilities not sent yet: each goes with the next text (a token's text may be held back, at a
+    # stop string or a split character), the last with the reply's end.
+    unsent: list[TokenLogprob] = []
     finished = False
+
+    def taken() -> list[TokenLogprob] | None:
+        sent = unsent.copy()
+        unsent.clear()
+        return sent if logprobs else None
+
     try:
         yield _event(api.chunk(reply_id, created, model, {"role": "assistant", "content": ""}))
         while True:
             item = await queue.get()
-            if isinstance(item, Delta):
-                yield _event(api.chunk(reply_id, created, model, {"content": item.text}))
+            if isinstance(item, TokenLogprob):
+                unsent.append(item)
+            elif isinstance(item, TextDelta):
+                yield _event(api.chunk(reply_id, created, model, {"content": item.text}, logprobs=taken()))
                 told.append(item.text)
             elif isinstance(item, Finished):
                 finished = True
-                yield _event(api.chunk(reply_id, created, model, {}, api.finish_reason(item.stop_reason)))
+                finish = api.finish_reason(item.stop_reason)
+                yield _event(api.chunk(reply_id, created, model, {}, finish, logprobs=taken()))
                 if include_usage:
                     used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
                     yield _event(api.usage_chunk(reply_id, created, model, used))

@@ -4,7 +4,7 @@
     completion(...), chunk(...), usage_chunk(...)       # the JSON OpenAI's clients parse
 
 Only what streamchat implements is accepted. A field it does not implement is accepted at
-the value that changes nothing (`logprobs: false`, `response_format: {"type": "text"}`,
+the value that changes nothing (`response_format: {"type": "text"}`,
 `tools: []`, ...), since common clients send those by default; any other value, or an
 unknown field, is refused by name rather than silently ignored.
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from streamchat import defaults
 from streamchat.conversation.message import Message, Role
+from streamchat.generation.events import TokenLogprob
 from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES, GenerationChanges
 
 # Sampling settings a request may set, read as numbers: OpenAI's and the common extensions (vLLM, llama.cpp).
@@ -31,16 +32,26 @@ NUMERIC_SETTINGS = ("temperature", "top_p", "min_p", "repetition_penalty", "freq
 REQUEST_SETTINGS = ("max_new_tokens", *NUMERIC_SETTINGS, "top_k", "seed", "stop")
 # The fields a chat completion request may carry and streamchat reads (max_tokens sets max_new_tokens).
 ACCEPTED_FIELDS = frozenset(
-    {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", *REQUEST_SETTINGS}
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        *REQUEST_SETTINGS,
+    }
     - {"max_new_tokens"}
 )
+MAX_TOP_LOGPROBS = 20  # as OpenAI
 # Labels a client may attach, accepted and unused: `user` and `metadata` name who asks, `store`
 # asks OpenAI to keep the reply (streamchat journals every conversation anyway).
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 # Fields streamchat does not implement, accepted at the values that change nothing.
 NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "response_format": ({"type": "text"},),
     "logit_bias": ({},),
     "tools": ([],),
@@ -91,6 +102,8 @@ class ChatRequest:
     include_usage: bool = False
     # The generation settings the request sets, typed; the rest are the server's.
     settings: GenerationChanges = field(default_factory=GenerationChanges)
+    # With each token, its log-probability and this many of the likeliest alternatives'; None: not asked for.
+    logprobs: int | None = None
 
 
 class _TooLong:
@@ -144,7 +157,21 @@ def chat_request(body: object, limits: Limits) -> ChatRequest:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise ApiError(400, "'stream_options' may only hold include_usage", param="stream_options")
     include_usage = _boolean(options or {}, "include_usage", "stream_options.include_usage")
-    return ChatRequest(model, system, history, text, stream, include_usage, _settings(body))
+    return ChatRequest(model, system, history, text, stream, include_usage, _settings(body), _logprobs(body))
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """How many alternatives' log-probabilities each token carries (`top_logprobs`), None when `logprobs` is not
+    true."""
+    wanted = _boolean(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if wanted else None
+    if _integer(top) is None or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if not wanted and top:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return top if wanted else None
 
 
 def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message], str]:
@@ -291,27 +318,58 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def completion(reply_id: str, created: int, model: str, text: str, finish: str, used: dict[str, Any]) -> dict[str, Any]:
+def completion(
+    reply_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    used: dict[str, Any],
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "logprobs": _logprobs_body(logprobs), "finish_reason": finish}
     return {
         "id": reply_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
-        ],
+        "choices": [choice],
         "usage": used,
     }
 
 
-def chunk(reply_id: str, created: int, model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+def chunk(
+    reply_id: str,
+    created: int,
+    model: str,
+    delta: dict[str, str],
+    finish: str | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
     return {
         "id": reply_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs_body(logprobs), "finish_reason": finish}],
     }
+
+
+def _logprobs_body(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's `logprobs` of a choice: each token's text, log-probability and bytes (its text's, in UTF-8), and
+    its alternatives'; None where they were not asked for."""
+    if logprobs is None:
+        return None
+
+    def entry(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = [
+        {**entry(token.text, token.logprob), "top_logprobs": [entry(text, value) for text, value in token.top]}
+        for token in logprobs
+    ]
+    return {"content": content, "refusal": None}
 
 
 def usage_chunk(reply_id: str, created: int, model: str, used: dict[str, Any]) -> dict[str, Any]:

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 from streamchat import defaults
 from streamchat.conversation.message import Message
 from streamchat.conversation.state import ConversationState
-from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
+from streamchat.engine.work import Request
 from streamchat.errors import SessionFileError, out_of_memory_as
-from streamchat.generation.engine_steps import Waiting
+from streamchat.generation.driver import Driver
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.matching import ConversationIndex, is_session_id
 from streamchat.serve.openai_api import ApiError
-from streamchat.sessions.keeping import restored, save_state
+from streamchat.sessions.keeping import save_state, state_to_restore
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, read_session
 
@@ -45,15 +45,12 @@ log = logging.getLogger("streamchat.serve")
 NAMING_HEADER = "X-Streamchat-Conversation"  # also on every reply: the conversation it continued
 
 
-class Step:
-    """A request's turn did some work (a prompt chunk, a replayed message) or is waiting: the worker moves on."""
+class NoSessionFree(ApiError):
+    """Every live conversation is answering: a turn that needs a session of its own waits in line for a turn to end
+    (the worker starts it again then); a 503 where it reaches a client."""
 
-    def __init__(self, waiting: bool) -> None:
-        self.waiting = waiting  # for a live session to be free: nothing to do until a turn ends
-
-
-STEP = Step(waiting=False)
-WAIT = Step(waiting=True)
+    def __init__(self) -> None:
+        super().__init__(503, "every conversation is answering; try again shortly", kind="server_error", code="busy")
 
 
 @dataclass(frozen=True)
@@ -61,12 +58,13 @@ class Served:
     """What the server serves: one loaded model, the sessions built over it, where conversations live."""
 
     name: str  # the model, as /v1/models lists it
-    new_session: Callable[[], ChatSession]  # a session over the one loaded model, as the run's options ask
+    new_session: Callable[[], ChatSession]  # a session over the one loaded model, as the run's options ask (sharing
+    # `shared_sinks`)
     key: StateKey | None  # what this run's cache states are valid for; None: none written or read
     sessions: Path  # the journals' directory (data_dir()/sessions)
-    cache_layout: dict[str, object]  # keep and window, for each journal's header
-    engine: Engine | None = None  # where every session's forward passes run together; None: each alone
-    shared_sinks: SharedSinks | None = None  # the sinks new conversations that begin alike copy, read once
+    cache_layout: dict[str, str | int]  # keep and window, for each journal's header
+    driver: Driver  # the worker's: every session's forward passes run together in its engine's steps
+    shared_sinks: SharedSinks  # the sinks new conversations that begin alike copy, read once
     reply_tokens_limit: int | None = None  # the most tokens any reply may have, whatever a request asks
 
 
@@ -113,11 +111,11 @@ class ConversationPool:
         on a message never answered, a crash mid-reply, is filed with that message: a request that sends it
         again continues the conversation, the message resent taking its place; one that ends on a reply that was
         stopped, as cut short: its client may have read any start of it)."""
-        session = self._new_session()
+        session = self.served.new_session()
         self._warm_up(session)
         # Every live conversation's session built now (a few milliseconds each, the chat format's checks), not
         # while the first requests that come together wait for the worker to build them one by one.
-        self._free = [session, *(self._new_session() for _ in range(self.max_live - 1))]
+        self._free = [session, *(self.served.new_session() for _ in range(self.max_live - 1))]
         self.base_settings, self.base_eviction = session.settings, session.eviction
         self.default_system = session.system_prompt
         for path in sorted(self.served.sessions.glob(f"*{SUFFIX}")) if self.served.sessions.is_dir() else []:
@@ -162,7 +160,7 @@ class ConversationPool:
 
     def take(
         self, conversation: HeldConversation, history: list[Message] | None, system: str | None
-    ) -> Generator[Step | Waiting, None, Taken]:
+    ) -> Generator[Request, None, Taken]:
         """Make `conversation` live for a turn: `history` and `system` start a new one (replayed); a known one is
         restored from its state beside its journal (else replayed). 409 when another request holds it."""
         if conversation.busy:
@@ -170,7 +168,7 @@ class ConversationPool:
         conversation.busy = True
         try:
             if conversation.session is None:
-                session = yield from self._session()
+                session = self._session()
                 conversation.session = session
                 read = yield from self._restore(conversation, session, history, system)
             else:
@@ -190,7 +188,7 @@ class ConversationPool:
             self._free.append(conversation.session)
             conversation.session = None
 
-    def rewind(self, taken: Taken, history: list[Message]) -> Generator[Step | Waiting, None, None]:
+    def rewind(self, taken: Taken, history: list[Message]) -> Generator[Request, None, None]:
         """Make the conversation `taken` what its client resent, `history`: the same, or less than it says when
         the client left before it was sent a reply (or the end of one), which is then taken back by a replay."""
         session = taken.conversation.session
@@ -199,10 +197,11 @@ class ConversationPool:
         state = session.snapshot(tensors=False)
         recalled = {index: note for index, note in state.recalled.items() if index < len(history)}
         told = replace(state, messages=list(history), recalled=recalled)
-        for event in session.restore(told):
-            if isinstance(event, Replayed):
-                taken.restore_read += event.tokens - event.copied  # copied sinks were not read
-            yield event if isinstance(event, Waiting) else STEP
+        for item in session.restore(told):
+            if isinstance(item, Replayed):
+                taken.restore_read += item.tokens - item.copied  # copied sinks were not read
+            elif isinstance(item, Request):
+                yield item
         feeds = session.chat_format.conversation_ids(session.transcript)
         taken.conversation.rendered_tokens = sum(len(ids) for ids in feeds)
 
@@ -244,56 +243,49 @@ class ConversationPool:
     def is_parked(self, conversation_id: str) -> bool:
         return conversation_id in self._lengths
 
-    def _session(self) -> Generator[Step, None, ChatSession]:
-        while True:
-            if self._free:
-                return self._free.pop()
+    def _session(self) -> ChatSession:
+        """A free session, the least recently used idle conversation's parked for it if none is; NoSessionFree when
+        every live conversation is answering."""
+        if not self._free:
             idle = [c for c in self.conversations.values() if c.session is not None and not c.busy]
-            if idle:
-                self.park(min(idle, key=lambda c: c.last_used))
-                continue
-            yield WAIT  # every live conversation is answering: wait for one to finish
+            if not idle:
+                raise NoSessionFree()
+            self.park(min(idle, key=lambda c: c.last_used))
+        return self._free.pop()
 
     def _warm_up(self, session: ChatSession) -> None:
         """Before the first request, in the first session: the sinks of the default system turn read and kept for
         new conversations to copy, and the decode pool grown for every live conversation. The first requests to
         come together wait for neither, and memory too short for them fails the start, not a request."""
-        engine = self.served.engine
-        if engine is None:
-            return
         short = (
             f"out of memory on {session.device} making room for {self.max_live} conversations; try a smaller "
             "--max-conversations, a smaller --window, or a smaller model"
         )
+        driver = self.served.driver
         with out_of_memory_as(short):
-            for item in session.share_sinks():
-                if isinstance(item, Waiting):
-                    engine.step()
+            for _ in driver.run(session.share_sinks()):
+                pass
             if session.cache.ledger.sinks_full:
-                engine.reserve(self.max_live, session.cache)
+                driver.engine.reserve(self.max_live, session.cache)
         session.reset()
-
-    def _new_session(self) -> ChatSession:
-        session = self.served.new_session()
-        session.run_in(self.served.engine, shared_sinks=self.served.shared_sinks)
-        return session
 
     def _restore(
         self, conversation: HeldConversation, session: ChatSession, history: list[Message] | None, system: str | None
-    ) -> Generator[Step | Waiting, None, int]:
+    ) -> Generator[Request, None, int]:
         path = conversation.journal.path
         if path is None:
             state = ConversationState(list(history or []), system, self.base_settings, self.base_eviction)
-            events = session.restore(state)
+            items = session.restore(state)
         else:
-            events = restored(session, read_session(path), path, self.served.key)
+            items = session.restore(*state_to_restore(read_session(path), path, self.served.key, session.settings))
         read = 0
-        for event in events:
-            if isinstance(event, Replayed):
-                read = event.tokens - event.copied  # copied sinks were not read
-            elif isinstance(event, NotResumed):
-                log.info("conversation %s replayed: %s", conversation.id, event.reason)
-            yield event if isinstance(event, Waiting) else STEP
+        for item in items:
+            if isinstance(item, Replayed):
+                read = item.tokens - item.copied  # copied sinks were not read
+            elif isinstance(item, NotResumed):
+                log.info("conversation %s replayed: %s", conversation.id, item.reason)
+            elif isinstance(item, Request):
+                yield item
         if not conversation.rendered_tokens:  # a parked conversation's length was kept; a new or saved one is counted
             feeds = session.chat_format.conversation_ids(session.transcript)
             conversation.rendered_tokens = sum(len(ids) for ids in feeds)

@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
@@ -18,6 +19,7 @@ import uvicorn
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import ConfigError
+from streamchat.generation.driver import Driver
 from streamchat.interface.config import RunConfig, load_options
 from streamchat.interface.reporting import notify, stderr
 from streamchat.interface.safe_text import safe_text
@@ -31,12 +33,20 @@ from streamchat.sessions.keeping import data_dir, state_key
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
 
+@dataclass(frozen=True)
+class WaitingLine:
+    """The line requests wait in for a live conversation: how many may, and for how long (None: no limit)."""
+
+    requests: int
+    seconds: float | None
+
+
 def run_server(
     config: RunConfig,
     host: str,
     port: int,
     max_conversations: int,
-    max_waiting: int,
+    waiting: WaitingLine,
     options: HttpOptions,
     max_tokens_limit: int | None = None,
 ) -> int:
@@ -50,21 +60,22 @@ def run_server(
         """On the worker's thread, the only one that runs torch (serve/worker.py says why)."""
         notify(f"loading {config.model} ...")
         loaded = load_model(load_options(config), notify=notify)
+        shared_sinks = SharedSinks()
         served = Served(
             name=loaded.source.name,
-            new_session=lambda: session_for(config, loaded),
+            new_session=lambda: session_for(config, loaded, shared_sinks=shared_sinks),
             key=state_key(config, loaded),
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},
-            engine=Engine(loaded.model),
-            shared_sinks=SharedSinks(),
+            driver=Driver(Engine(loaded.model)),
+            shared_sinks=shared_sinks,
             reply_tokens_limit=max_tokens_limit or config.window,
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()
         return pool
 
-    worker = Worker(max_conversations + max_waiting)
+    worker = Worker(max_conversations + waiting.requests, waiting.seconds)
     try:
         pool = worker.start(prepare)
         server = StoppingServer(server_config(create_app(worker, pool, options)), worker)

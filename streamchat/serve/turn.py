@@ -1,8 +1,7 @@
 """One request's turn, run step by step on the worker: find the conversation, make it live, answer.
 
     turn = Turn(pool, request, named=None)
-    for item in turn.run():     # Started, Delta..., Finished; Step and Waiting markers between them
-        ...
+    driver.start(turn.run(), hand_on, ended)   # Started, TextDelta..., Finished; the engine requests it waits on
 
 A request naming a conversation (`named`) sends only its new message. Otherwise its
 history is looked up (streamchat.serve.matching): a match continues that conversation and
@@ -21,25 +20,17 @@ one) is taken back first, by a replay.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
 from streamchat.conversation.message import Message
 from streamchat.conversation.session import ChatSession
+from streamchat.engine.work import Request
 from streamchat.errors import ConfigError
-from streamchat.generation.engine_steps import Waiting
-from streamchat.generation.events import (
-    CacheOccupancy,
-    Event,
-    Evicted,
-    PromptSkipped,
-    Recalled,
-    TextDelta,
-    TurnFinished,
-)
+from streamchat.generation.events import Event, PromptSkipped, Recalled, TextDelta, TurnFinished
 from streamchat.serve.openai_api import ApiError, ChatRequest
-from streamchat.serve.pool import STEP, ConversationPool, HeldConversation, Step, Taken
+from streamchat.serve.pool import ConversationPool, HeldConversation, Taken
 
 
 @dataclass(frozen=True)
@@ -49,11 +40,6 @@ class Started:
     conversation: str
     cache: CacheStats
     warnings: tuple[str, ...] = ()  # a max_tokens clamped, a prompt read only in part
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
 
 
 @dataclass(frozen=True)
@@ -68,7 +54,9 @@ class Finished:
     cache: CacheStats
 
 
-Item = Started | Delta | Finished
+# What a turn tells its request: its start, the reply's text (the engine's steps say most of it: its requests'
+# events, streamchat.generation.driver), its end.
+Item = Started | TextDelta | Finished
 
 
 class Turn:
@@ -92,7 +80,7 @@ class Turn:
         if self.stopped and self._session is not None:
             self._session.stop()
 
-    def run(self) -> Iterator[Item | Step | Waiting]:
+    def run(self) -> Generator[Item | Request, None, None]:
         if self.stopped:  # its client left (or the server stops) while it was queued
             return
         conversation, history, system, matched = self._conversation()
@@ -134,10 +122,10 @@ class Turn:
                     return conversation, None, None, True
         return self.pool.new(), history, system, False
 
-    def _answer(self, taken: Taken) -> Generator[Item | Step | Waiting, None, Finished]:
+    def _answer(self, taken: Taken) -> Generator[Item | Request, None, Finished]:
         """Answer the request's message in the conversation taken; the Finished item, for run() to yield.
-        While its prompt is read and its reply decodes it yields Waiting(request): the worker hands on the reply's
-        text after each step."""
+        While its prompt is read and its reply decodes it yields the requests it waits on: the driver hands on the
+        reply's text after each step."""
         conversation = taken.conversation
         session = conversation.session
         if session is None:
@@ -168,11 +156,11 @@ class Turn:
         before = session.cache_stats()
         prompt_length = None
         finished = None
-        events = session.chat(self.request.text)
-        early: list[Event] = []  # before the first forward pass: a note recalled, a prompt that is read in part
-        for event in events:
-            early.append(event)
-            if not isinstance(event, Recalled | PromptSkipped):
+        items = session.chat(self.request.text, self.request.logprobs)
+        early: list[Event | Request] = []  # before the first forward pass: a note recalled, a prompt read in part
+        for item in items:
+            early.append(item)
+            if not isinstance(item, Recalled | PromptSkipped):
                 break
         for event in early:
             if isinstance(event, PromptSkipped):
@@ -181,20 +169,15 @@ class Turn:
                     f"{event.read_tokens:,} of them were read (its start and its end)"
                 )
         yield Started(conversation.id, before, tuple(warnings))
-        for event in itertools.chain(early, events):
+        for item in itertools.chain(early, items):
             if self.stopped:
                 session.stop()
-            if isinstance(event, TextDelta):
-                yield Delta(event.text)
-            elif isinstance(event, Waiting):
-                yield event
-            elif isinstance(event, PromptSkipped):
-                prompt_length = event.prompt_tokens
-                yield STEP
-            elif isinstance(event, TurnFinished):
-                finished = event
-            elif not isinstance(event, CacheOccupancy | Evicted):  # news of a step already counted
-                yield STEP
+            if isinstance(item, TextDelta | Request):  # the reply's last text; what it waits on
+                yield item
+            elif isinstance(item, PromptSkipped):
+                prompt_length = item.prompt_tokens
+            elif isinstance(item, TurnFinished):
+                finished = item
         if finished is None:
             raise ApiError(500, "the reply ended without finishing", kind="server_error")
         stats = finished.stats

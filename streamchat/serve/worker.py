@@ -1,17 +1,21 @@
 """The one thread that owns the model: it runs every request's turn, and the engine's steps.
 
-Requests hand it their turns (streamchat.serve.turn). Each round it moves every turn on to
-the point where it waits for the engine (a prompt or a replayed message to read, a reply to
-decode: a request submitted), runs the engine's step (streamchat.engine: every reply's next
-token drawn, the prompt chunks a token budget allows, one forward pass, each reply's token
-detokenized and checked for a stop), then hands each decoding reply's text to its request
-straight from the reply: a turn is resumed only once its engine request ended, not for every
-token or chunk. Concurrent replies cost little more than one, and a new message is read in
-the pass that decodes the others. Each item goes to its request through `deliver` (the
-request's asyncio queue, via call_soon_threadsafe).
-At most `max_jobs` turns are admitted at once, waiting or running; past that, submit() says no
-(the request gets 429). A turn whose client left while it waited for a live session ends
-there. Closing stops every reply, lets each turn journal what it said, then parks every live
+Requests hand it their turns (streamchat.serve.turn), which it runs as tasks of the process's
+driver (streamchat.generation.driver). Each round the driver moves every turn on to the point
+where it waits for the engine (a prompt or a replayed message to read, a reply to decode: a
+request submitted), runs the engine's step (every reply's next token drawn, the prompt
+chunks a token budget allows, one forward pass, each reply's token detokenized and checked
+for a stop), and hands each step's text to the request whose reply said it, straight from
+the step: a turn is resumed only once its engine request ended, not for every token or
+chunk. Concurrent replies cost little more than one, and a new message is read in the pass
+that decodes the others. Each item goes to its request through `deliver` (the request's
+asyncio queue, via call_soon_threadsafe).
+At most `max_jobs` turns are admitted at once, running or waiting in line, first come first
+served; past that, submit() says no (the request gets 429). A turn that needs a live
+conversation while every one is answering waits in line until a turn ends, and starts again
+then (it had done nothing yet); one that waited `max_wait_seconds` gets 429 instead, and one
+whose client left while it waited ends there, leaving nothing behind.
+Closing stops every reply, lets each turn journal what it said, then parks every live
 conversation (its state written beside its journal).
 
 It is the only thread that runs torch: it loads the model too (start(prepare)). A CPU step run
@@ -24,47 +28,39 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from streamchat.generation.engine_steps import DecodingReply, Waiting
-from streamchat.generation.events import TextDelta
-from streamchat.generation.prompt_reading import Reading
+from streamchat.generation.events import TextDelta, TokenLogprob
 from streamchat.serve.openai_api import ApiError
-from streamchat.serve.pool import ConversationPool, Step
-from streamchat.serve.turn import Delta, Turn
+from streamchat.serve.pool import ConversationPool, NoSessionFree
+from streamchat.serve.turn import Finished, Started, Turn
 
 log = logging.getLogger("streamchat.serve")
 
 # What a turn's end is delivered as, after its last item.
 END = None
-# How long the worker sleeps when every turn waits for a live session.
-WAITING_POLL_SECONDS = 0.005
+_WAITED_TOO_LONG = "no conversation was free within {:g} s (--max-wait-seconds); try again shortly"
 
 
 @dataclass(eq=False)
 class Job:
     turn: Turn
-    deliver: Callable[[object], None]  # Started, Delta, Finished, an ApiError, then END
-
-
-@dataclass(eq=False)
-class _Running:
-    """A turn under way: its items, and the engine request it waits on (a reply decoding, a text being read)."""
-
-    job: Job
-    items: Iterator[object]
-    awaited: DecodingReply | Reading | None = None
+    deliver: Callable[[object], object]  # Started, TextDelta, Finished, an ApiError, then END
+    admitted: float = field(default_factory=time.monotonic)
 
 
 class Worker:
-    def __init__(self, max_jobs: int) -> None:
+    def __init__(self, max_jobs: int, max_wait_seconds: float | None = None) -> None:
         self.max_jobs = max_jobs
+        self.max_wait_seconds = max_wait_seconds  # in line for a live conversation; None: as long as it takes
         self._condition = threading.Condition()
-        self._incoming: list[Job] = []
-        self._jobs: set[Job] = set()
+        self._incoming: list[Job] = []  # in line, first come first served
+        self._session_wanted: list[Job] = []  # in line for a live conversation: back in line when a turn ends
+        self._jobs: set[Job] = set()  # admitted: running or in line
         self._closing = False
         self._thread = threading.Thread()  # replaced by start()
         self._running = threading.Event()  # set once `prepare` returned: the thread runs turns
@@ -81,8 +77,14 @@ class Worker:
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def admitted(self) -> int:
+        """How many requests are admitted now: answered, or waiting in line."""
+        return len(self._jobs)
+
     def submit(self, job: Job) -> bool:
-        """Admit `job`; False when `max_jobs` are already admitted (or the worker is closing)."""
+        """Admit `job` (it runs once the turns before it leave room); False when `max_jobs` are already admitted
+        (or the worker is closing)."""
         with self._condition:
             if self._closing or len(self._jobs) >= self.max_jobs:
                 return False
@@ -116,11 +118,14 @@ class Worker:
         self._run(pool)
 
     def _run(self, pool: ConversationPool) -> None:
-        running: list[_Running] = []
+        driver = pool.served.driver
+        running: set[Job] = set()
         try:
             while True:
                 with self._condition:
-                    running += [_Running(job, job.turn.run()) for job in self._incoming]
+                    for job in self._incoming:
+                        running.add(job)
+                        driver.start(job.turn.run(), _handing_on(job), self._ending(job, running))
                     self._incoming.clear()
                     if not running:
                         if self._closing:
@@ -129,63 +134,63 @@ class Worker:
                         continue
                 if self._closing:
                     self.stop_all()
-                waiting = [self._advance(turn) for turn in running]
-                running = [turn for turn, state in zip(running, waiting, strict=True) if state is not None]
-                engine = pool.served.engine
-                if engine is not None and engine.has_work():
-                    engine.step()  # what the turns queued this round, and every reply's next token, in one pass
-                for turn in running:
-                    if turn.awaited is not None:
-                        self._hand_on(turn)
-                if running and all(waiting):
-                    with self._condition:
-                        self._condition.wait(WAITING_POLL_SECONDS)
+                for job in running:  # a stop asked for reaches a reply before its next token is drawn
+                    job.turn.heed_stop()
+                driver.round()  # what the turns queued this round, and every reply's next token, in one pass
+                self._leave_line()
         finally:
             pool.park_all()
 
-    def _advance(self, turn: _Running) -> bool | None:
-        """Move `turn` on (its items delivered on the way): True when it waits for a session, False when it
-        worked or waits for the engine, None when it ended."""
-        if turn.awaited is not None:  # in the engine: the turn goes on when its request ended
-            turn.job.turn.heed_stop()
-            return False
-        job = turn.job
-        while True:
-            try:
-                item = next(turn.items)
-            except StopIteration:
-                return self._end(job, END)
-            except ApiError as error:
-                return self._end(job, error)
-            except Exception as error:  # a bug or a failure in the engine: that request fails, the server goes on
-                log.exception("a request failed")
-                return self._end(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
-            if isinstance(item, Waiting):
-                turn.awaited = item.request
-                return False
-            if isinstance(item, Step):
-                if item.waiting and job.turn.stopped:  # its client left before the turn began: it ends here
-                    turn.items.close()
-                    return self._end(job, END)
-                return item.waiting
+    def _leave_line(self) -> None:
+        """Those in line for a live conversation whose client left, or who waited too long, leave it: told 429 (the
+        first), or nothing (the second: nobody is listening)."""
+        now = time.monotonic()
+        limit = self.max_wait_seconds
+        waited_out = [
+            job
+            for job in self._session_wanted
+            if job.turn.stopped or (limit is not None and now - job.admitted > limit)
+        ]
+        for job in waited_out:
+            self._session_wanted.remove(job)
+            if not job.turn.stopped:
+                _deliver(job, ApiError(429, _WAITED_TOO_LONG.format(limit), kind="rate_limit_error", code="busy"))
+            _deliver(job, END)
+            with self._condition:
+                self._jobs.discard(job)
+
+    def _ending(self, job: Job, running: set[Job]) -> Callable[[BaseException | None], None]:
+        """What hears that `job`'s turn ended: its request is told how, and room is left for the next."""
+
+        def ended(error: BaseException | None) -> None:
+            running.discard(job)
+            if isinstance(error, NoSessionFree) and not self._closing:
+                self._session_wanted.append(job)
+                return
+            if isinstance(error, ApiError):
+                _deliver(job, error)
+            elif error is not None:  # a bug or a failure in the engine: that request fails, the server goes on
+                log.error("a request failed", exc_info=error)
+                _deliver(job, ApiError(500, f"the reply failed: {error}", kind="server_error"))
+            _deliver(job, END)
+            with self._condition:
+                self._jobs.discard(job)
+                # Its conversation is free now: those waiting for one start again, in the order they came.
+                self._incoming[:0], self._session_wanted = self._session_wanted, []
+
+        return ended
+
+
+def _handing_on(job: Job) -> Callable[[object], None]:
+    """What takes `job`'s items: what its request is told (the turn's items, its reply's text and the tokens'
+    log-probabilities); the rest (an eviction, a read's progress, the cache's occupancy) is the chat's to show, not
+    a client's."""
+
+    def hand_on(item: object) -> None:
+        if isinstance(item, Started | TextDelta | TokenLogprob | Finished):
             _deliver(job, item)
 
-    def _hand_on(self, turn: _Running) -> None:
-        """A step ran: the text a reply said goes to the request; the turn goes on once its engine request ended
-        (and hears of what ended it, where a failure did)."""
-        for event in turn.awaited.said():
-            if isinstance(event, TextDelta):
-                _deliver(turn.job, Delta(event.text))
-        if turn.awaited.ended:
-            turn.awaited = None
-
-    def _end(self, job: Job, last: object) -> None:
-        if last is not END:
-            _deliver(job, last)
-        _deliver(job, END)
-        with self._condition:
-            self._jobs.discard(job)
-        return None
+    return hand_on
 
 
 def _deliver(job: Job, item: object) -> None:

@@ -1,4 +1,5 @@
-"""The ChatSession a run's configuration asks for, over a loaded model: the chat's, a server's, a --tp rank's."""
+"""The ChatSession a run's configuration asks for, over a loaded model (the chat's, a server's, a --tp rank's), and
+the driver that runs the process's steps (streamchat.generation.driver)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,25 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from streamchat.conversation.driven import DrivenSession
     from streamchat.conversation.session import ChatSession
-    from streamchat.generation.decoder import StepChannel
+    from streamchat.engine.shared_sinks import SharedSinks
+    from streamchat.generation.decoder import LockstepChannel
+    from streamchat.generation.driver import Driver
     from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
 
 
-def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | None = None) -> ChatSession:
-    """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp)."""
+def session_for(
+    config: RunConfig,
+    loaded: LoadedModel,
+    channel: LockstepChannel | None = None,
+    shared_sinks: SharedSinks | None = None,
+) -> ChatSession:
+    """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp); with `shared_sinks`,
+    conversations that begin alike share their sinks (a server's)."""
     # Imported here, not above: the command line imports this module, and `streamchat --version` loads no torch.
     from streamchat.conversation.session import ChatSession, SessionOptions
-    from streamchat.engine.compiled_step import compile_backend
     from streamchat.generation.settings import GenerationSettings
 
     settings = GenerationSettings.from_generation_config(getattr(loaded.model, "generation_config", None))
@@ -30,13 +39,29 @@ def session_for(config: RunConfig, loaded: LoadedModel, channel: StepChannel | N
         read_all=config.read_all,
         system_prompt=config.system,
         settings=dataclasses.replace(settings, **overrides),
-        compile_backend=compile_backend(config.compile, loaded.device),
         channel=channel,
+        shared_sinks=shared_sinks,
     )
-    if options.compile_backend is not None:
+    return ChatSession(loaded.model, loaded.tokenizer, options)
+
+
+def driver_for(config: RunConfig, loaded: LoadedModel) -> Driver:
+    """The driver of the process's steps over the model loaded: its engine's step compiled where `config` asks
+    (one conversation a step: the chat's); under --tp every rank's engine takes the step the leader's takes."""
+    from streamchat.engine.compiled_decode import compile_backend
+    from streamchat.engine.engine import Engine
+    from streamchat.generation.driver import Driver
+
+    backend = compile_backend(config.compile, loaded.device)
+    if backend is not None:
         from streamchat.loading.conversion import use_compile_cache
 
         use_compile_cache()
-    # Its own engine takes its steps (as the server's takes many conversations'), compiled where asked; under
-    # --tp every rank's engine takes the step the leader's takes.
-    return ChatSession(loaded.model, loaded.tokenizer, options)
+    return Driver(Engine(loaded.model, compile_backend=backend))
+
+
+def driven_session_for(config: RunConfig, loaded: LoadedModel, channel: LockstepChannel | None = None) -> DrivenSession:
+    """The session `config` asks for, with the process's driver: the conversation a chat or a piped run drives."""
+    from streamchat.conversation.driven import DrivenSession
+
+    return DrivenSession(session_for(config, loaded, channel), driver_for(config, loaded))

@@ -2,27 +2,25 @@
 
 data_dir()                    prompt history and saved sessions ($STREAMCHAT_DATA_DIR, else the user data dir)
 state_key(config, loaded)     what a cache state saved by this run is valid for
-restored(session, saved, ...) a conversation made the saved one: exactly from its cache state, else replayed
+state_to_restore(saved, ...) what makes a conversation the saved one: its cache state where it fits, else why not
 save_state(session, path, key) the cache state written beside the session file
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import platformdirs
 
 from streamchat import defaults
-from streamchat.conversation.state import TensorState
+from streamchat.conversation.state import ConversationState, TensorState
 from streamchat.storage.cache_file import StateKey, read_state, state_path, write_state
 from streamchat.storage.session_file import SavedSession
 
 if TYPE_CHECKING:
-    from streamchat.conversation.calls import Conversation
-    from streamchat.generation.events import Event
+    from streamchat.generation.settings import GenerationSettings
     from streamchat.interface.config import RunConfig
     from streamchat.loading import LoadedModel
 
@@ -49,18 +47,28 @@ def state_key(config: RunConfig, loaded: LoadedModel) -> StateKey:
         quantization=quantization_of(loaded.model),
         keep=str(config.keep),
         window=config.window,
+        kv_cache=loaded.kv_cache,
     )
 
 
-def restored(session: Conversation, saved: SavedSession, path: Path, key: StateKey | None) -> Iterator[Event]:
-    """The events of making `session` the conversation `saved` (read from `path`): exactly, with the cache
-    state beside the file when it fits `key` and the conversation; else replayed, and the events say why."""
+def state_to_restore(
+    saved: SavedSession, path: Path, key: StateKey | None, settings: GenerationSettings
+) -> tuple[ConversationState, str | None]:
+    """What makes a session the conversation `saved` (read from `path`; `settings`: the session's, for a file that
+    names none), for its restore(): the state, with the cache state beside the file when it fits `key` and the
+    conversation (restored exactly); else without, and why (replayed, and its events say so)."""
     found = read_state(state_path(path), key, saved) if key is not None else None
     tensors = found if isinstance(found, TensorState) else None
-    return session.restore(saved.state(session.settings, tensors), found if isinstance(found, str) else None)
+    return saved.state(settings, tensors), found if isinstance(found, str) else None
 
 
-def save_state(session: Conversation, session_path: Path | None, key: StateKey | None) -> int | None:
+class Snapshotted(Protocol):
+    """What save_state reads of a session: its snapshot (a Conversation's, or a ChatSession's between its moves)."""
+
+    def snapshot(self, tensors: bool = True) -> ConversationState: ...
+
+
+def save_state(session: Snapshotted, session_path: Path | None, key: StateKey | None) -> int | None:
     """Write the cache state beside the session file at `session_path`; its size, None when nothing was written
     (no file, no key, or no whole conversation in the cache: a turn torn off half way).
 

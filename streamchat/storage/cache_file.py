@@ -5,7 +5,7 @@
 
 A safetensors file: a conversation's tensors (streamchat.conversation.state), and a
 header of strings that says what they are valid for (`StateKey`: the model, the exact weights, dtype, device,
-quantization, keep, window), which conversation they hold (a digest of its messages,
+quantization, keep, window, the KV cache's format), which conversation they hold (a digest of its messages,
 system prompt and seed, and its message count), the seed drawn with, and the format.
 
 A state is used only when all of it matches this run and the conversation read from
@@ -48,6 +48,7 @@ class StateKey:
     quantization: str  # "none" when the weights are not quantized
     keep: str  # "system" or a number of first tokens
     window: int
+    kv_cache: str = "full"  # how the cache stores its window's keys and values (--kv-cache as settled)
 
     def metadata(self) -> dict[str, str]:
         return {name: str(value) for name, value in asdict(self).items()}
@@ -61,7 +62,12 @@ _FIELD_WORDS = {
     "quantization": "quantization",
     "keep": "--keep",
     "window": "--window",
+    "kv_cache": "--kv-cache",
 }
+
+
+# What a state saved before a field was recorded holds: the window was full before --kv-cache.
+_BEFORE_FIELD = {"kv_cache": "full"}
 
 
 def state_path(session_path: Path) -> Path:
@@ -94,8 +100,9 @@ def write_state(path: Path, state: ConversationState, key: StateKey) -> int:
         "streamchat": __version__,
         "saved": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    tensors = state.tensors.tensors
     try:
-        return write_durably(path, lambda temporary: save_file(state.tensors.tensors, temporary, metadata))
+        return write_durably(path, lambda temporary: save_file(tensors, temporary, metadata))
     except OSError as error:
         raise SessionFileError(f"cannot save the cache state to {path}: {error.strerror or error}") from error
 
@@ -145,7 +152,7 @@ def _mismatch(metadata: dict[str, str], key: StateKey, saved: SavedSession) -> s
     if metadata.get("version") != str(VERSION):
         return f"its cache state is format version {metadata.get('version')}; this streamchat reads version {VERSION}"
     for field in fields(StateKey):
-        was, now = metadata.get(field.name), str(getattr(key, field.name))
+        was, now = metadata.get(field.name, _BEFORE_FIELD.get(field.name)), str(getattr(key, field.name))
         if was != now and field.name == "weights":
             return "its cache state was saved for other weights of this model (its files changed since)"
         if was != now:

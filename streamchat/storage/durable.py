@@ -18,7 +18,7 @@ from contextlib import suppress
 from pathlib import Path
 
 
-def write_durably(path: Path, write: Callable[[Path], None]) -> int:
+def write_durably(path: Path, write: Callable[[Path], object]) -> int:
     """Have `write(temporary)` fill a temporary file, then put it at `path` atomically; its size in bytes.
 
     OSError when it cannot be written; the temporary file is gone then, and `path` untouched.

@@ -60,7 +60,7 @@ class Journal:
     """The session file of the current conversation, in `directory`, for the model called `model`."""
 
     def __init__(
-        self, directory: Path, model: str | None, cache: dict[str, int], on_error: Callable[[str], None]
+        self, directory: Path, model: str | None, cache: dict[str, str | int], on_error: Callable[[str], None]
     ) -> None:
         self.directory = directory
         self.model = model

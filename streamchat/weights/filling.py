@@ -13,6 +13,7 @@ bfloat16 (13.5 GB) loads into its 4.4 GB of packed weights.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,10 +22,13 @@ from streamchat.placement.fusion import unfused_names
 from streamchat.placement.int4_linear import GridLinear, Int4Grid
 from streamchat.weights.sources import SourceTensor, WeightSource
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 Finish = Callable[[torch.nn.Module], None]
 
 
-def empty_model(config: object, dtype: torch.dtype, attention: str, trust_remote_code: bool = False) -> torch.nn.Module:
+def empty_model(config: object, dtype: torch.dtype, attention: str, trust_remote_code: bool = False) -> PreTrainedModel:
     """The model `config` describes, its parameters on the meta device (its buffers, rotary tables, real)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
@@ -38,7 +42,7 @@ def empty_model(config: object, dtype: torch.dtype, attention: str, trust_remote
     return model.eval()
 
 
-def missing_tensors(model: torch.nn.Module, source: WeightSource) -> list[str]:
+def missing_tensors(model: PreTrainedModel, source: WeightSource) -> list[str]:
     """The checkpoint names `model` needs that `source` lacks (a tied output head excepted)."""
     held = set(source.names())
     tied_head = _tied_head_name(model)
@@ -52,7 +56,7 @@ def missing_tensors(model: torch.nn.Module, source: WeightSource) -> list[str]:
 
 
 def fill_model(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     source: WeightSource,
     dtype: torch.dtype,
     device: torch.device,
@@ -158,7 +162,7 @@ def _empty_tensors(scope: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             yield name, tensor
 
 
-def _tied_head_name(model: torch.nn.Module) -> str | None:
+def _tied_head_name(model: PreTrainedModel) -> str | None:
     """The output head's weight name where the config ties it to the input embeddings."""
     config = model.config.get_text_config(decoder=True)
     head = model.get_output_embeddings()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from streamchat.errors import ModelAccessError
 from streamchat.placement.fusion import unfused_names
 from streamchat.placement.int4_linear import GROUP_SIZE, Int4Grid
 from streamchat.weights.sources import SourceTensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # ggml's type ids (gguf.GGMLQuantizationType) of the types read as values without dequantizing.
 _FLOATS = {0: np.float32, 1: np.float16}
@@ -36,7 +40,7 @@ _GRID_HEADER = {_Q4_0: 2, _Q4_1: 4}
 class GgufSource:
     """The tensors of `path` by the parameter names of `model` (built empty, fused or not: only its names are read)."""
 
-    def __init__(self, path: Path, model: torch.nn.Module) -> None:
+    def __init__(self, path: Path, model: PreTrainedModel) -> None:
         from transformers.integrations.gguf.reader import GgufHeader
         from transformers.modeling_gguf_pytorch_utils import (
             TENSOR_PROCESSORS,
@@ -84,7 +88,7 @@ class GgufSource:
         return torch.from_numpy(order.astype(np.int64))
 
 
-def _gguf_names(model: torch.nn.Module, architecture: str, held: set[str]) -> dict[str, str]:
+def _gguf_names(model: PreTrainedModel, architecture: str, held: set[str]) -> dict[str, str]:
     """The file's name for each of `model`'s tensors that it holds, by gguf-py's tables for `architecture`."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
@@ -114,10 +118,12 @@ def _values(data: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndar
         return data.view(_FLOATS[ggml_type]).reshape(shape)
     if ggml_type == _BF16:  # numpy has no bfloat16: widened exactly, through the upper half of a float32
         return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     rows = int(np.prod(shape[:-1]))
-    return dequantize(data.reshape(rows, -1), ggml_type).reshape(shape)
+    # Every type id here is one transformers' reader knows (it refuses a file holding another), so gguf-py's too.
+    return dequantize(data.reshape(rows, -1), GGMLQuantizationType(ggml_type)).reshape(shape)
 
 
 def _grid(data: np.ndarray, ggml_type: int, rows: int, columns: int) -> Int4Grid:

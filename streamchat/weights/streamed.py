@@ -22,7 +22,7 @@ from streamchat.weights.packed_copy import packed_copy_path, read_packed_copy, w
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedConfig, PreTrainedModel
+    from transformers import GenerationConfig, PreTrainedConfig, PreTrainedModel
 
     from streamchat.placement.native import NativeKernels
     from streamchat.weights.sources import WeightSource
@@ -108,7 +108,7 @@ def _layout(plan: QuantizationPlan, dtype: torch.dtype, native: NativeKernels | 
     return f"{plan} {dtype} {kernels} torch {torch.__version__}"
 
 
-def _generation_config(directory: Path, model: torch.nn.Module) -> object:
+def _generation_config(directory: Path, model: PreTrainedModel) -> GenerationConfig:
     from transformers import GenerationConfig
 
     if (directory / "generation_config.json").is_file():

@@ -31,6 +31,7 @@ from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import SavedSession, read_session
 from tests.support.model_dirs import VOCAB, scripted_model_and_tokenizer
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 SCRIPT = ("Sure", ":", " the", " answer", " is", " 42", ".")
@@ -68,13 +69,15 @@ def scripted():
 
 def scripted_session(scripted, settings: GenerationSettings = SETTINGS, **options: Any) -> ChatSession:
     model, tokenizer = scripted
-    return ChatSession(model, tokenizer, SessionOptions(window=WINDOW, settings=settings, **options))
+    return session_under_test(model, tokenizer, SessionOptions(window=WINDOW, settings=settings, **options))
 
 
 def sampled_session() -> ChatSession:
     """A random tiny model that samples, seeded: its replies differ from one draw to the next, reproducibly."""
     settings = GenerationSettings(max_new_tokens=6, temperature=0.8, seed=7)
-    return ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), SessionOptions(settings=settings))
+    return session_under_test(
+        tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), SessionOptions(settings=settings)
+    )
 
 
 class ScriptedPrompter:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.safe_text import safe_plain
 from streamchat.storage.session_file import read_session
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES
 from tests.support.processes import in_foreground
+from tests.support.sessions import session_under_test
 from tests.support.waiting import HANG_GUARD_SECONDS, read_at_least
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -40,7 +41,7 @@ def expected_replies(model_dir, turns, system=None):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     settings = GenerationSettings(max_new_tokens=6, temperature=0.8, seed=7)
-    session = ChatSession(
+    session = session_under_test(
         model,
         AutoTokenizer.from_pretrained(model_dir),
         SessionOptions(window=40, settings=settings, system_prompt=system),

@@ -15,11 +15,12 @@ import psutil
 import pytest
 
 from streamchat.app.tensor_parallel import with_optional_tp_value
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.distributed.supervisor import free_port
 from streamchat.generation.events import Evicted, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.interface.safe_text import safe_plain
+from tests.support.sessions import session_under_test
 from tests.support.waiting import HANG_GUARD_SECONDS, read_at_least
 
 OPTIONS = ["--max-new-tokens", "30", "--temperature", "0", "--window", "40", "--dtype", "float32", "--quantize", "none"]
@@ -37,7 +38,9 @@ def expected_transcript(model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     settings = GenerationSettings(max_new_tokens=30, temperature=0.0)
-    session = ChatSession(model, AutoTokenizer.from_pretrained(model_dir), SessionOptions(window=40, settings=settings))
+    session = session_under_test(
+        model, AutoTokenizer.from_pretrained(model_dir), SessionOptions(window=40, settings=settings)
+    )
     replies, evicted = [], 0
     for turn in TURNS:
         events = list(session.chat(turn))

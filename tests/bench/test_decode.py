@@ -13,6 +13,8 @@ DECODE_HEADER = [
     "engine",
     "setting",
     "precision",
+    "kv_cache",
+    "kv_mb_per_token",
     "ms_per_token",
     "aten_calls_per_token",
     "tokens_per_second",

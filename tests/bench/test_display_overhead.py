@@ -10,7 +10,8 @@ from streamchat.bench.display_overhead import (
     measure_display_overhead,
     rows,
 )
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.driven import driven_session
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
@@ -23,7 +24,7 @@ def test_the_app_and_the_engine_generate_the_same_reply():
     sizes = DisplaySizes(trials=3, max_new_tokens=6, window=40, sinks=4)
     result = measure_display_overhead(model, tokenizer, sizes)
     settings = GenerationSettings(max_new_tokens=6, temperature=0.0)
-    session = ChatSession(model, tokenizer, SessionOptions(keep=4, window=40, settings=settings))
+    session = driven_session(model, tokenizer, SessionOptions(keep=4, window=40, settings=settings))
     [expected] = [event.reply for event in session.chat(PROMPT) if isinstance(event, TurnFinished)]
     assert expected
     assert result.engine_replies == result.app_replies == [expected] * 3

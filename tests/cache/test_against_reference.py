@@ -20,7 +20,7 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.engine.compiled_step import decode_step
+from streamchat.engine.compiled_decode import decode_step
 from streamchat.placement.device import Accelerators
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model

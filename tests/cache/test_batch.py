@@ -37,14 +37,14 @@ def test_members_view_their_rows_and_leaving_gives_each_its_own_storage_back():
         batch.join(cache)
     for row, cache in enumerate(caches):
         layer = cache.layers[0]
-        assert layer.keys.data_ptr() == batch._keys[0][row].data_ptr()
+        assert layer.keys.data_ptr() == batch._slot_pools[0][0][row].data_ptr()
         assert layer.keys.shape[2] == cache.ledger.slots  # a narrower member views the first columns
     for cache, state in zip(caches, before, strict=True):  # joining moved nothing
         for name, tensor in CacheSnapshot.whole(cache).tensors().items():
             assert torch.equal(tensor, state[name]), name
     batch.leave(caches[0])  # the last member takes the first row
     assert batch.members == [caches[2], caches[1]]
-    assert caches[2].layers[0].keys.data_ptr() == batch._keys[0][0].data_ptr()
+    assert caches[2].layers[0].keys.data_ptr() == batch._slot_pools[0][0][0].data_ptr()
     assert caches[0].layers[0].keys.is_contiguous() and caches[0].layers[0].keys._base is None
     for cache, state in zip(caches, before, strict=True):
         for name, tensor in CacheSnapshot.whole(cache).tensors().items():
@@ -59,9 +59,9 @@ def test_caches_joining_together_take_the_next_rows_in_order():
     batch.join(caches[0])
     batch.join(caches[1], caches[2], caches[1], caches[0])  # repeats and members are skipped
     assert batch.members == caches
-    assert batch._keys[0].shape[0] == bucket(3)
+    assert batch._slot_pools[0][0].shape[0] == bucket(3)
     for row, cache in enumerate(caches):
-        assert cache.layers[0].keys.data_ptr() == batch._keys[0][row].data_ptr()
+        assert cache.layers[0].keys.data_ptr() == batch._slot_pools[0][0][row].data_ptr()
     for cache, state in zip(caches, before, strict=True):
         for name, tensor in CacheSnapshot.whole(cache).tensors().items():
             assert torch.equal(tensor, state[name]), name
@@ -102,7 +102,7 @@ def test_a_row_an_earlier_member_wrote_further_is_taken_over_as_if_it_were_new()
     batch.join(other, earlier)
     batch.leave(earlier)  # row 1 keeps what `earlier` wrote, 20 slots
     batch.join(joining)  # only its 6 written slots are copied in: the rest of row 1 is earlier's
-    assert batch._keys[0][1, :, 6:20].abs().sum() > 0
+    assert batch._slot_pools[0][0][1, :, 6:20].abs().sum() > 0
     logits = step(model, batch, [7, 8])  # attention reads 10 slots of every row: 4 of them earlier's, in row 1
     with alone.decode_step():
         inputs = alone.decode_inputs(torch.tensor([[8]]))

@@ -25,6 +25,7 @@ from streamchat.conversation.state import ConversationState, TensorState
 from streamchat.generation.events import Resumed, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -39,7 +40,7 @@ AFTER = ["Write a short poem about the stars.", "Thank you, goodbye."]
 
 def make_session() -> ChatSession:
     options = SessionOptions(window=WINDOW, settings=SETTINGS, system_prompt="You are terse.")
-    return ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
+    return session_under_test(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
 
 
 def play(session: ChatSession, turns: list[str]) -> None:

@@ -14,10 +14,11 @@ from streamchat.conversation.calls import (
     SetSystemPrompt,
     UpdateSettings,
 )
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.conversation.state import ConversationState
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 ANSWERED = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
@@ -35,7 +36,7 @@ EXAMPLES = [
 
 
 def test_a_chat_session_is_a_conversation_that_steps_alone():
-    session = ChatSession(tiny_model("llama", vocab_size=700), byte_level_tokenizer(), SessionOptions(window=30))
+    session = session_under_test(tiny_model("llama", vocab_size=700), byte_level_tokenizer(), SessionOptions(window=30))
     assert isinstance(session, Conversation)
     assert not session.steps_in_lockstep
 

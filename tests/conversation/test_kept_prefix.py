@@ -3,11 +3,12 @@
 import pytest
 
 from streamchat.conversation.kept_prefix import kept_tokens, parse_keep, system_turn_length
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import (
     byte_level_tokenizer,
     default_model_tokenizer_or_skip,
@@ -81,7 +82,7 @@ def test_other_keeps_are_refused(raw):
 def make_session(**options):
     options.setdefault("window", 40)
     options.setdefault("settings", GREEDY)
-    return ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), SessionOptions(**options))
+    return session_under_test(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), SessionOptions(**options))
 
 
 def chat(session, text):

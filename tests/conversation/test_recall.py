@@ -18,6 +18,7 @@ from streamchat.errors import ConfigError
 from streamchat.generation.events import Recalled, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 GREEDY = GenerationSettings(max_new_tokens=6, temperature=0.0)
@@ -117,7 +118,9 @@ def test_the_note_keeps_the_budget_and_the_conversation_order():
 
 def make_session(recall: str, window: int = 256) -> ChatSession:
     model = tiny_model("llama", vocab_size=700)
-    return ChatSession(model, byte_level_tokenizer(), SessionOptions(window=window, settings=GREEDY, recall=recall))
+    return session_under_test(
+        model, byte_level_tokenizer(), SessionOptions(window=window, settings=GREEDY, recall=recall)
+    )
 
 
 def evict_the_fact(session: ChatSession) -> None:

@@ -5,11 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.errors import ChatTemplateError, ConfigError, OutOfMemoryError
 from streamchat.generation.events import CacheOccupancy, Evicted, PromptTruncated, Replayed, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import CHATML_TEMPLATE, byte_level_tokenizer, byte_level_tokenizer_with, plain_tokenizer
 
 VOCAB = 700  # covers the offline tokenizers (600 tokens)
@@ -22,7 +23,7 @@ NO_SYSTEM_TEMPLATE = (
 def make_session(tokenizer=None, settings=GREEDY, model=None, **options):
     model = model or tiny_model("llama", vocab_size=VOCAB)
     options.setdefault("window", 400)
-    return ChatSession(model, tokenizer or byte_level_tokenizer(), SessionOptions(settings=settings, **options))
+    return session_under_test(model, tokenizer or byte_level_tokenizer(), SessionOptions(settings=settings, **options))
 
 
 def run(events):

@@ -13,7 +13,10 @@ import pytest
 import torch
 import torch._dynamo
 
+from streamchat.conversation.driven import DrivenSession
 from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.engine.engine import Engine
+from streamchat.generation.driver import Driver
 from streamchat.generation.events import Compiled, Compiling, Evicted, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
@@ -26,8 +29,10 @@ QUESTIONS = [f"Question {number}: what comes after {number}?" for number in rang
 def conversation(model, backend: str | None) -> tuple[list[str], list[object]]:
     """20 turns through 4 + 48 slots, with a /regen every fifth turn: the replies, and the events."""
     settings = GenerationSettings(max_new_tokens=12, temperature=0.0)
-    options = SessionOptions(keep=4, window=48, settings=settings, compile_backend=backend)
-    session = ChatSession(model, byte_level_tokenizer(), options)
+    options = SessionOptions(keep=4, window=48, settings=settings)
+    session = DrivenSession(
+        ChatSession(model, byte_level_tokenizer(), options), Driver(Engine(model, compile_backend=backend))
+    )
     replies, events = [], []
     for turn, question in enumerate(QUESTIONS):
         turn_events = list(session.chat(question))

@@ -2,16 +2,17 @@
 
 import pytest
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.generation.events import Evicted, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
+from tests.support.sessions import session_under_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.default_model]
 
 
 def test_two_hundred_turns_through_four_sinks_and_a_252_token_window(default_model):
     settings = GenerationSettings(max_new_tokens=3, temperature=0.0)
-    session = ChatSession(
+    session = session_under_test(
         default_model.model, default_model.tokenizer, SessionOptions(keep=4, window=252, settings=settings)
     )
     storage = None
@@ -26,7 +27,7 @@ def test_two_hundred_turns_through_four_sinks_and_a_252_token_window(default_mod
 
 def test_a_greedy_answer_survives_evictions_mid_reply(default_model):
     settings = GenerationSettings(max_new_tokens=60, temperature=0.0)
-    session = ChatSession(
+    session = session_under_test(
         default_model.model, default_model.tokenizer, SessionOptions(keep=4, window=40, settings=settings)
     )
     events = list(session.chat("What is the capital of France?"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session import SessionOptions
 from streamchat.conversation.state import TensorState
 from streamchat.conversation.tensors import restore_tensors
 from streamchat.errors import CacheStateError
@@ -15,6 +15,7 @@ from streamchat.generation.events import NotResumed, Replayed, Resumed, TurnFini
 from streamchat.generation.settings import GenerationSettings
 from tests.conversation import mirror_era_state
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 VOCAB = 700
@@ -34,7 +35,7 @@ TURNS = [
 
 def make_session(system_prompt="You are terse."):
     options = SessionOptions(window=WINDOW, settings=SETTINGS, system_prompt=system_prompt)
-    return ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
+    return session_under_test(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
 
 
 def play(session, turns):
@@ -110,7 +111,7 @@ def test_no_tensors_are_taken_while_a_turn_or_a_replay_is_half_done():
 def test_a_session_never_sampled_from_resumes_with_its_seed():
     greedy = GenerationSettings(max_new_tokens=6, temperature=0.0, seed=5)
     options = SessionOptions(settings=greedy)
-    session = ChatSession(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
+    session = session_under_test(tiny_model("llama", vocab_size=VOCAB), byte_level_tokenizer(), options)
     list(session.chat("Hi"))
     assert "sampler.random_state" not in session.snapshot().tensors.tensors
 

@@ -3,7 +3,7 @@
 import pytest
 
 from streamchat.conversation.calls import Chat, ConversationMoves, Move, Regenerate, Reset, UpdateSettings
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.conversation.state import ConversationState
 from streamchat.distributed.follower import follow
 from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
@@ -12,6 +12,7 @@ from streamchat.errors import OutOfMemoryError, RankLostError
 from streamchat.generation.events import TextDelta
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
+from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer
 
 VOCAB = 700
@@ -59,7 +60,9 @@ class Replayer:
 
 def session(channel, seed=0, window=30):
     model = tiny_model("llama", vocab_size=VOCAB, seed=seed)
-    return ChatSession(model, byte_level_tokenizer(), SessionOptions(window=window, settings=GREEDY, channel=channel))
+    return session_under_test(
+        model, byte_level_tokenizer(), SessionOptions(window=window, settings=GREEDY, channel=channel)
+    )
 
 
 def stopped_after(events, session, tokens):
@@ -150,7 +153,8 @@ MOVES = [
 def test_every_call_that_moves_the_conversation_reaches_the_followers():
     assert {name for name, _ in MOVES} == ConversationMoves.__abstractmethods__
     wire = Wire()
-    alone, leader = session(None), LeaderSession(session(wire), wire)
+    led = session(wire)
+    alone, leader = session(None), LeaderSession(led.session, led.driver, wire)
     after_each = []
     for name, args in MOVES:
         for target in (alone, leader):

@@ -8,7 +8,9 @@ from streamchat.conversation.calls import Chat, Conversation, Reset, Restore, Up
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.distributed.leader import NOT_RESUMED, LeaderSession
 from streamchat.distributed.lockstep import Exit
+from streamchat.engine.engine import Engine
 from streamchat.errors import ConfigError, OutOfMemoryError, PeerLostError, RankLostError
+from streamchat.generation.driver import Driver
 from streamchat.generation.events import NotResumed, Replayed, TextDelta, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
@@ -40,7 +42,7 @@ def leader(wire=None):
     wire = wire or Wire()
     model = tiny_model("llama", vocab_size=700)
     session = ChatSession(model, byte_level_tokenizer(), SessionOptions(window=30, settings=GREEDY, channel=wire))
-    return LeaderSession(session, wire), wire
+    return LeaderSession(session, Driver(Engine(model)), wire), wire
 
 
 def test_each_call_that_moves_the_conversation_is_sent_before_it_runs_here():
@@ -57,7 +59,7 @@ def test_each_call_that_moves_the_conversation_is_sent_before_it_runs_here():
 def test_each_read_is_rank_0s_session_read_there():
     session, wire = leader()
     list(session.chat("Hello"))
-    inner = session._session
+    inner = session.session
     view = inner.cache_view()
     assert session.transcript is inner.transcript and session.transcript[0]["content"] == "Hello"
     assert (session.system_prompt, session.seed, session.keep) == (inner.system_prompt, inner.seed, inner.keep)
@@ -77,7 +79,7 @@ def test_restore_sends_the_conversation_without_tensors_and_snapshots_carry_none
     session, wire = leader()
     list(session.chat("Hello"))
     assert session.snapshot().tensors is None  # each rank holds a shard of the cache
-    exact = session._session.snapshot()
+    exact = session.session.snapshot()
     assert exact.tensors is not None
     events = list(session.restore(exact))
     text_only = dataclasses.replace(exact, tensors=None)
@@ -94,7 +96,7 @@ def test_a_turn_abandoned_on_rank_0_is_stopped_and_finished_as_on_the_other_rank
             break
     events.close()  # a closed pipe, say
     assert session.transcript[-1]["role"] == "assistant" and session.transcript[-1]["content"]
-    assert session._session._settled  # the reply was closed in the cache, as on every rank
+    assert session.session._settled  # the reply was closed in the cache, as on every rank
 
 
 def test_close_tells_the_other_ranks_to_exit_once():
@@ -111,7 +113,7 @@ def test_out_of_memory_on_rank_0_ends_the_run_with_its_line_and_code():
         raise OutOfMemoryError("out of memory on cpu while generating; try a smaller --window")
         yield
 
-    session._session.chat = exploding
+    session.session.chat = exploding
     with pytest.raises(RankLostError) as raised:
         list(session.chat("Hello"))
     assert str(raised.value) == (
@@ -130,7 +132,7 @@ def test_a_collective_that_fails_because_a_peer_died_is_a_peer_lost_error():
         )
         yield
 
-    session._session.chat = broken
+    session.session.chat = broken
     with pytest.raises(PeerLostError) as raised:
         list(session.chat("Hello"))
     assert str(raised.value) == (

@@ -6,7 +6,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.engine.engine import Engine
-from streamchat.engine.work import DecodeRow, Fed, PromptChunk
+from streamchat.engine.work import Advanced, DecodeRow, Fed, PromptChunk
 from streamchat.errors import CacheStateError
 from tests.support.models import VOCAB, tiny_model
 
@@ -28,9 +28,9 @@ class Once:
     def next_work(self):
         return self.work
 
-    def advance(self, fed: Fed) -> bool:
+    def advance(self, fed: Fed) -> Advanced:
         self.fed.append(fed)
-        return False
+        return Advanced(("read",), False)
 
     def end(self, error: BaseException | None) -> None:
         self.ended = (error,)
@@ -49,7 +49,9 @@ def test_a_step_feeds_rows_and_chunks_together_and_counts_them():
     row = submitted(engine, DecodeRow(decoding, torch.tensor([5])))
     chunk = submitted(engine, PromptChunk(reading, torch.arange(3, 15)[None]))
     assert engine.has_work() and row.ended is None
-    engine.step()
+    outputs = engine.step()
+    said = [(o.request, o.events, o.ended, o.error) for o in outputs]
+    assert said == [(row, ("read",), True, None), (chunk, ("read",), True, None)]
     assert row.ended == chunk.ended == (None,) and not engine.has_work()
     assert row.fed[0].logits.shape == chunk.fed[0].logits.shape == (1, 1, VOCAB)
     assert (engine.steps, engine.rows_fed, engine.chunk_tokens) == (1, 1, 12)
@@ -137,9 +139,9 @@ class ScriptedReply:
         self.drawn.append(self.tokens[len(self.drawn)])
         return DecodeRow(self.cache, torch.tensor([self.drawn[-1]]), self.drawn[-1])
 
-    def advance(self, fed: Fed) -> bool:
+    def advance(self, fed: Fed) -> Advanced:
         self.fed.append(fed)
-        return len(self.fed) < len(self.tokens)
+        return Advanced((self.drawn[-1],), len(self.fed) < len(self.tokens))  # it says its token
 
     def end(self, error: BaseException | None) -> None:
         self.ended = (error,)
@@ -169,7 +171,8 @@ def test_a_stop_asked_between_steps_ends_a_reply_before_another_token_is_drawn()
     engine.submit(reply)
     engine.step()
     reply.stop = True
-    assert engine.step() is False  # nothing left to run
+    [output] = engine.step()  # nothing left to run but its end
+    assert (output.request, output.events, output.ended, output.error) == (reply, (), True, None)
     assert reply.ended == (None,) and reply.drawn == [5] and reply.cache.stats().seen == 11
     assert not engine.has_work()
 
@@ -180,8 +183,10 @@ def test_a_reply_whose_draw_or_pass_fails_ends_with_the_failure_and_the_others_g
     failing, going_on = ScriptedReply(read(model, 4, 10), [5, 6], fail_at=1), ScriptedReply(read(model, 4, 10), [5, 6])
     for reply in (failing, going_on):
         engine.submit(reply)
-    engine.step()
-    engine.step()
+    assert [(o.request, o.events, o.ended) for o in engine.step()] == [(failing, (5,), False), (going_on, (5,), False)]
+    ended, said = engine.step()  # the one that fails at its draw ends first, before the pass
+    assert (ended.request, ended.ended, str(ended.error)) == (failing, True, "the sampler failed")
+    assert (said.request, said.events, said.ended) == (going_on, (6,), True)
     assert isinstance(failing.ended[0], RuntimeError) and failing.drawn == [5]
     assert going_on.ended == (None,) and len(going_on.fed) == 2
     torn = ScriptedReply(SinkCache.for_model(model, 4, 40), [5])  # sinks not filled: it cannot be a decode row

@@ -11,10 +11,10 @@ import torch._dynamo
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.snapshots import CacheSnapshot
-from streamchat.engine.compiled_step import compile_backend
+from streamchat.engine.compiled_decode import compile_backend
 from streamchat.errors import ConfigError
 from streamchat.generation.decoder import Decoder, _Reader
-from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.decoding import endless_reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import VOCAB, tiny_model
@@ -30,8 +30,8 @@ def stream(model, backend: str | None, settings: GenerationSettings) -> list[int
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder = Decoder(cache)
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    step = engine_step(model, decoder, backend)
-    tokens = [step().token for _ in range(STEPS)]
+    next_token = endless_reply(model, decoder, backend)
+    tokens = [next_token().token for _ in range(STEPS)]
     assert cache.stats().evicted == PROMPT + STEPS - SINKS - WINDOW
     assert cache.ledger.position_offset > 0  # rebased on the way
     return tokens
@@ -64,13 +64,13 @@ def test_a_step_taken_back_leaves_the_stream_as_if_it_never_happened(greedy):
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder = Decoder(cache)
     decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
-    step = engine_step(model, decoder)
+    next_token = endless_reply(model, decoder)
     tokens = []
     for index in range(STEPS):
-        token = step().token
+        token = next_token().token
         if index % 37 == 36:
             decoder.take_back()
-            assert step().token == token
+            assert next_token().token == token
         tokens.append(token)
     assert tokens == straight
 
@@ -83,8 +83,8 @@ def test_each_token_comes_with_what_feeding_it_evicted():
     fed = forward(model, cache, prompt)
     assert fed.eviction is None
     decoder.start(fed.logits, GenerationSettings(temperature=0.0), Sampler(seed=11))
-    step = engine_step(model, decoder)
-    evictions = [step().eviction for _ in range(100)]
+    next_token = endless_reply(model, decoder)
+    evictions = [next_token().eviction for _ in range(100)]
     # The window fills with the 44th reply token; from then on each token evicts the oldest one.
     assert evictions[:44] == [None] * 44
     assert [(e.count, e.first_index, e.last_index) for e in evictions[44:]] == [(1, i, i) for i in range(4, 60)]
@@ -120,14 +120,14 @@ def test_a_step_taken_back_where_positions_rebase_leaves_every_stored_key_as_if_
         prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
         decoder = Decoder(cache)
         decoder.start(forward(model, cache, prompt).logits, greedy, Sampler(seed=11))
-        step = engine_step(model, decoder)
+        next_token = endless_reply(model, decoder)
         rebases = []
         for index in range(130):
             offset = cache.ledger.position_offset
-            step()
+            next_token()
             if index in take_back_at:
                 decoder.take_back()
-                step()
+                next_token()
             if cache.ledger.position_offset != offset:
                 rebases.append(index)
         return CacheSnapshot.whole(cache).tensors(), rebases
@@ -160,8 +160,8 @@ def greedy_reply(model, frequency: float, presence: float, steps: int = 40) -> l
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder = Decoder(cache, vocab_size=VOCAB)
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    step = engine_step(model, decoder)
-    return [step().token for _ in range(steps)]
+    next_token = endless_reply(model, decoder)
+    return [next_token().token for _ in range(steps)]
 
 
 @pytest.mark.parametrize(("frequency", "presence"), [(0.5, 1.0), (2.0, 0.0), (0.0, -2.0), (-0.3, 0.2)])
@@ -223,10 +223,10 @@ def test_the_cache_records_every_decoded_token_with_the_replys_label_whether_rea
     if late:
         decoder._reader = _LateReader()
     decoder.start(forward(model, cache, prompt, label=0).logits, SAMPLED, Sampler(seed=11), label=1)
-    step = engine_step(model, decoder)
+    next_token = endless_reply(model, decoder)
     tokens, evicted = [], []
     for _ in range(100):
-        decoded = step()
+        decoded = next_token()
         tokens.append(decoded.token)
         evicted += decoded.eviction.token_ids if decoded.eviction is not None else ()
     held = cache.held_tokens()

@@ -134,20 +134,24 @@ def test_a_stop_while_reading_ends_the_read_between_passes_and_the_next_turn_wor
     assert run(session.chat("And now?"))[-1].stats.generated_tokens == 8
 
 
-def read_alone(reading: Reading, model, asked: list[bool], stop_after: int | None = None) -> list[list[int]]:
-    """Drive `reading` a pass at a time, as a token loop without an engine does; the chunks it read. With
+def read_alone(
+    reading: Reading, model, asked: list[bool], stop_after: int | None = None
+) -> tuple[list[list[int]], list[object]]:
+    """Drive `reading` a pass at a time, as an engine's steps would; the chunks it read and what it said. With
     `stop_after`, a stop is asked for (`asked`) once that many chunks were read."""
-    chunks = []
+    chunks, said = [], []
     while (work := reading.next_work()) is not None:
         chunks.append(work.ids[0].tolist())
         with torch.inference_mode():
             fed = Fed(*forward(model, reading.cache, work.ids, label=work.label))
         if len(chunks) == stop_after:
             asked.append(True)
-        if not reading.advance(fed):
+        advanced = reading.advance(fed)
+        said += advanced.events
+        if not advanced.goes_on:
             break
     reading.end(None)
-    return chunks
+    return chunks, said
 
 
 @pytest.mark.parametrize("stop_after", [None, 2])
@@ -166,9 +170,8 @@ def test_a_reading_reads_a_chunk_a_pass_counts_its_skips_and_heeds_a_stop_once_i
         occupancy=True,
         stop_requested=lambda: bool(asked),
     )
-    chunks = read_alone(reading, model, asked, stop_after)
+    chunks, events = read_alone(reading, model, asked, stop_after)
     expected = [head[:8], head[8:16], head[16:], tail[:8], tail[8:]]
-    events = reading.said()
     if stop_after is None:
         assert chunks == expected and not reading.stopped
         assert (cache.stats().seen, cache.stats().evicted, cache.ledger.skipped) == (30, 30 - 20, 7)

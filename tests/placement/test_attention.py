@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.masks import BOOLEAN_MASK_ATTENTION
-from streamchat.engine.compiled_step import decode_step
+from streamchat.engine.compiled_decode import decode_step
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import (
     ATTENTION_NAME,

@@ -5,6 +5,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch
+from streamchat.cache.quantized_kv import KV_FORMAT_ATTRIBUTE
 from streamchat.placement.device import Accelerators
 from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.lean_forward import LeanForward, lean_forward_for
@@ -16,9 +17,13 @@ from tests.support.models import VOCAB, tiny_model
 STEPS = 40
 
 
-def native_int4(kernels, model_type: str = "llama", dtype: torch.dtype = torch.bfloat16, **tiny) -> torch.nn.Module:
-    """A tiny model fused and quantized to int4 through the native kernels, which are in use."""
+def native_int4(
+    kernels, model_type: str = "llama", dtype: torch.dtype = torch.bfloat16, kv_format: str = "full", **tiny
+) -> torch.nn.Module:
+    """A tiny model fused and quantized to int4 through the native kernels, which are in use; its caches store
+    keys and values in `kv_format`."""
     model = copy.deepcopy(tiny_model(model_type, dtype=dtype, **tiny))  # quantized in place; tiny models are shared
+    setattr(model, KV_FORMAT_ATTRIBUTE, kv_format)
     fuse_projections(model)
     quantize_model(model, plan_quantization("int4", "cpu", str(dtype).removeprefix("torch."), Accelerators()), kernels)
     use_native_kernels(kernels)
@@ -73,14 +78,29 @@ def decode_alone(model: torch.nn.Module, lean: LeanForward, sinks: int, window: 
 
 
 def same_storage(ours: SinkCache, theirs: SinkCache) -> bool:
+    """Every tensor the caches store into equal: keys, values, an int8 cache's scales and exact sinks."""
     layers = zip(ours.layers, theirs.layers, strict=True)
-    return all(torch.equal(mine.keys, other.keys) and torch.equal(mine.values, other.values) for mine, other in layers)
+    return all(
+        torch.equal(mine, other)
+        for layer, their_layer in layers
+        for mine, other in zip(layer.stored_tensors(), their_layer.stored_tensors(), strict=True)
+    )
 
 
-# llama; qwen2 adds a bias to q, k and v; llama3 scales its rotary angles.
-@pytest.mark.parametrize(("model_type", "tiny"), [("llama", {}), ("qwen2", {}), ("llama", {"rope_scaling": "llama3"})])
-def test_one_row_through_the_fused_step_equals_the_lean_step_bit_for_bit(kernels, monkeypatch, model_type, tiny):
-    model = native_int4(kernels, model_type, **tiny)
+# llama; qwen2 adds a bias to q, k and v; llama3 scales its rotary angles. An int8 cache: quantized as it is written.
+@pytest.mark.parametrize(
+    ("model_type", "tiny", "kv_format"),
+    [
+        ("llama", {}, "full"),
+        ("qwen2", {}, "full"),
+        ("llama", {"rope_scaling": "llama3"}, "full"),
+        ("llama", {}, "int8"),
+    ],
+)
+def test_one_row_through_the_fused_step_equals_the_lean_step_bit_for_bit(
+    kernels, monkeypatch, model_type, tiny, kv_format
+):
+    model = native_int4(kernels, model_type, kv_format=kv_format, **tiny)
     calls = counting(monkeypatch, kernels)
     fused_logits, fused_cache = decode_alone(model, lean_forward_for(model), sinks=4, window=20)
     assert calls == [1] * STEPS
@@ -109,8 +129,11 @@ def decode_pooled(model: torch.nn.Module, lean: LeanForward, shapes: list[tuple[
 POOLED = [(4, 20), (5, 23), (6, 26)]  # each conversation its own sinks and window
 
 
-def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_step_bit_for_bit(kernels, monkeypatch):
-    model = native_int4(kernels)
+@pytest.mark.parametrize("kv_format", ["full", "int8"])
+def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_step_bit_for_bit(
+    kernels, monkeypatch, kv_format
+):
+    model = native_int4(kernels, kv_format=kv_format)
     calls = counting(monkeypatch, kernels)
     fused_logits, fused_caches = decode_pooled(model, lean_forward_for(model), POOLED)
     assert calls == [len(POOLED)] * STEPS

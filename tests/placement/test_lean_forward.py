@@ -10,9 +10,9 @@ import torch._dynamo
 from transformers import DynamicCache
 
 from streamchat.cache import SinkCache, forward
-from streamchat.engine.compiled_step import decode_step, step_function
+from streamchat.engine.compiled_decode import decode_function, decode_step
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.engine_steps import engine_step
+from streamchat.generation.decoding import endless_reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.device import Accelerators
@@ -139,9 +139,9 @@ def test_the_compiled_lean_step_is_one_graph_that_never_recompiles_and_matches_e
 def stream(model: torch.nn.Module, backend: str | None, settings: GenerationSettings) -> list[int]:
     """STEPS tokens through SINKS + WINDOW slots after a PROMPT-token prompt, by the decoder (the lean step)."""
     cache = SinkCache.for_model(model, SINKS, WINDOW)
-    assert step_function(model) is not decode_step  # the lean step, compiled or not
+    assert decode_function(model) is not decode_step  # the lean step, compiled or not
     decoder = Decoder(cache)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))
-    step = engine_step(model, decoder, backend)
-    return [step().token for _ in range(STEPS)]
+    next_token = endless_reply(model, decoder, backend)
+    return [next_token().token for _ in range(STEPS)]

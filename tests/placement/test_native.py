@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamchat.placement.attention import decode_attention, decode_mask
+from streamchat.cache.quantized_kv import QuantizedWindow, quantize
+from streamchat.placement.attention import decode_attention, decode_attention_stored, decode_mask
 from streamchat.placement.native import (
     AVX512,
     KERNELS,
@@ -62,13 +63,15 @@ def test_the_variant_is_the_best_the_cpu_runs_unless_the_environment_names_one(a
 
 def test_the_bindings_are_read_from_the_header():
     signatures = kernel_signatures((KERNELS / "kernels.h").read_text())
-    assert set(signatures) == {"int4_rows", "int8_rows", "decode_attention", "rms_norm", "decode_layers"}
+    kernels = {"int4_rows", "int8_rows", "decode_attention", "decode_attention_int8", "rms_norm", "decode_layers"}
+    assert set(signatures) == kernels
     returned, arguments = signatures["rms_norm"]
     assert returned is None
     assert arguments == [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
     returned, arguments = signatures["int4_rows"]
     assert returned is ctypes.c_int and len(arguments) == 10 and arguments[-2:] == [ctypes.c_int, ctypes.c_int]
     assert len(signatures["decode_attention"][1]) == 19 and len(signatures["decode_layers"][1]) == 14
+    assert len(signatures["decode_attention_int8"][1]) == 14
     with pytest.raises(ValueError, match="rows uses the type double, which has no binding"):
         kernel_signatures("int rows(const void *x, double scale);")
 
@@ -156,6 +159,79 @@ def test_decode_attention_goes_through_the_kernel_once_in_use(kernels, monkeypat
     packed = query.reshape(2, 3, 3, 64)
     expected = reference(packed, keys, values, decode_mask(visible), 0.125).reshape(2, 1, 9, 64)
     assert (native.double() - expected).norm() < (products.double() - expected).norm()
+
+
+def int8_window(keys: torch.Tensor, values: torch.Tensor, sinks: list[int]) -> QuantizedWindow:
+    """keys and values [B, KV, S, D] as an int8 cache holds them: row b's first sinks[b] slots exact (in sink
+    columns as wide as the widest row's), the rest levels and scales."""
+    (key_levels, key_scales), (value_levels, value_scales) = quantize(keys), quantize(values)
+    columns = max(sinks)
+    exact_keys, exact_values = keys[:, :, :columns].contiguous(), values[:, :, :columns].contiguous()
+    return QuantizedWindow(
+        key_levels, value_levels, key_scales, value_scales, exact_keys, exact_values, torch.tensor(sinks)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("kv_heads", "groups", "dim", "slots", "sinks"),
+    [
+        (3, 3, 64, 2004, [4, 4]),  # the default model's full cache: sinks in the first chunk only
+        (2, 8, 128, 300, [300, 2]),  # a row all sinks; a head size of its own specialisation
+        (1, 2, 80, 257, [0, 9]),  # no sinks in one row (a sliding layer's window)
+    ],
+)
+def test_int8_attention_reads_the_window_as_stored_as_torch_reads_it_widened(
+    kernels, dtype, kv_heads, groups, dim, slots, sinks
+):
+    keys, values = cache(2, kv_heads, slots, dim, dtype)
+    window = int8_window(keys, values, sinks)
+    query = torch.randn(2, kv_heads, groups, dim).to(dtype)
+    visible = torch.rand(2, 1, 1, slots, generator=torch.Generator().manual_seed(1)) > 0.3
+    visible[..., 0] = True
+    mask = decode_mask(visible)
+    got = kernels.decode_attention_int8(query, window, mask, 0.125)
+    assert got is not None and got.dtype == dtype and got.shape == (2, kv_heads, groups, dim)
+    # Against the window widened in float64 (levels times scales, the sinks exact): the same numbers, summed in
+    # another order, then the output's rounding to the dtype.
+    wide_keys = window.keys.double() * window.key_scales.double()
+    wide_values = window.values.double() * window.value_scales.double()
+    for row, count in enumerate(sinks):
+        wide_keys[row, :, :count], wide_values[row, :, :count] = keys[row, :, :count], values[row, :, :count]
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    expected = reference(query, wide_keys, wide_values, mask, 0.125)
+    assert (got.double() - expected).norm() / expected.norm() < tolerance
+    # Against the cache unquantized: within the int8 rounding of keys and values.
+    exact = reference(query, keys, values, mask, 0.125)
+    assert (got.double() - exact).norm() / exact.norm() < 2e-2
+
+
+def test_int8_attention_leaves_to_torch_what_it_does_not_take(kernels):
+    keys, values = cache(1, 1, 20, 64, torch.float32)
+    window = int8_window(keys, values, [4])
+    assert kernels.decode_attention_int8(torch.randn(1, 1, 17, 64), window, None, 1.0) is None  # 17 groups
+    assert kernels.decode_attention_int8(torch.randn(1, 1, 2, 64).bfloat16(), window, None, 1.0) is None  # dtype
+
+
+def test_decode_attention_stored_reads_an_int8_window_through_the_kernel_once_in_use(kernels, monkeypatch):
+    keys, values = cache(2, 3, 500, 64, torch.bfloat16)
+    window = int8_window(keys, values, [4, 2])
+    query = torch.randn(2, 9, 1, 64).to(torch.bfloat16)  # [B, H, 1, D] as a model's layer gives it
+    visible = torch.ones(2, 1, 1, 500, dtype=torch.bool)
+    visible[1, ..., 3:40] = False
+    use_native_kernels(None)
+    widened = decode_attention_stored(query, window, visible, 0.125)  # torch's: the window widened
+    calls = []
+    monkeypatch.setattr(kernels, "_attention_int8", lambda *arguments: calls.append(1) or 0)
+    use_native_kernels(kernels)
+    try:
+        decode_attention_stored(query, window, visible, 0.125)
+        monkeypatch.undo()
+        native = decode_attention_stored(query, window, visible, 0.125)
+    finally:
+        use_native_kernels(None)
+    assert calls == [1] and native.shape == widened.shape == (2, 1, 9, 64)
+    torch.testing.assert_close(native.float(), widened.float(), rtol=0, atol=2e-2)
 
 
 def llama_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

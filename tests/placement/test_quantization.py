@@ -1,11 +1,18 @@
 import pytest
 import torch
 
+from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.placement.device import Accelerators
 from streamchat.placement.int4_linear import Int4Linear
 from streamchat.placement.int8_linear import Int8Linear
-from streamchat.placement.quantization import QuantizationPlan, plan_quantization, precision_label, quantize_model
+from streamchat.placement.quantization import (
+    QuantizationPlan,
+    plan_kv_cache,
+    plan_quantization,
+    precision_label,
+    quantize_model,
+)
 from tests.support.models import tiny_config, tiny_model
 
 CPU_ONLY = Accelerators()
@@ -174,3 +181,21 @@ def test_quantized_cuda_models_predict_as_the_float_model_does(method):
     got = last_logits(model, ids)
     assert not torch.equal(got, expected)
     assert torch.allclose(got, expected, atol=0.05 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    ("requested", "native_kernels", "settled"),
+    [
+        ("full", True, "full"),
+        ("int8", False, "int8"),  # asked for: an int8 window, read widened where no kernel reads it as stored
+        ("auto", True, defaults.AUTO_KV_CACHE_NATIVE),
+        ("auto", False, defaults.AUTO_KV_CACHE),
+    ],
+)
+def test_the_kv_cache_settles_auto_by_whether_the_native_kernels_run(requested, native_kernels, settled):
+    assert plan_kv_cache(requested, native_kernels) == settled
+
+
+def test_an_unknown_kv_cache_is_a_one_line_config_error():
+    with pytest.raises(ConfigError, match="--kv-cache 'q8' is not a KV cache format; choose one of auto, full, int8"):
+        plan_kv_cache("q8", native_kernels=True)

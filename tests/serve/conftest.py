@@ -26,6 +26,7 @@ import uvicorn
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
+from streamchat.generation.driver import Driver
 from streamchat.generation.settings import GenerationSettings
 from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
@@ -97,25 +98,33 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
         system: str | None = None,
         max_conversations: int = 4,
         max_waiting: int = 8,
+        max_wait_seconds: float | None = None,
         api_key: str | None = None,
         limits: Limits | None = None,
         sessions: Path | None = None,
         cors: tuple[str, ...] = (),
-        batched: bool = True,
+        shares_sinks: bool = True,
         reply_tokens_limit: int | None = None,
         body_seconds: float | None = None,
     ) -> RunningServer:
         model, tokenizer = model_and_tokenizer
         sessions = sessions or tmp_path / f"sessions-{len(stops)}"
-        session_options = SessionOptions(keep=keep, window=window, settings=SETTINGS, system_prompt=system)
+        shared_sinks = SharedSinks()
+        session_options = SessionOptions(
+            keep=keep,
+            window=window,
+            settings=SETTINGS,
+            system_prompt=system,
+            shared_sinks=shared_sinks if shares_sinks else None,
+        )
         served = Served(
             name="tiny",
             new_session=lambda: ChatSession(model, tokenizer, session_options),
             key=KEY,
             sessions=sessions,
             cache_layout={"keep": keep, "window": window},
-            engine=Engine(model) if batched else None,
-            shared_sinks=SharedSinks() if batched else None,
+            driver=Driver(Engine(model)),
+            shared_sinks=shared_sinks,
             reply_tokens_limit=reply_tokens_limit,
         )
 
@@ -124,7 +133,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             pool.start()
             return pool
 
-        worker = Worker(max_conversations + max_waiting)
+        worker = Worker(max_conversations + max_waiting, max_wait_seconds)
         pool = worker.start(prepare)
         options = HttpOptions(api_key=api_key, cors=cors, limits=limits or Limits())
         if body_seconds is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import socket
 
 import openai
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from streamchat.conversation.state import RecalledNote
 from streamchat.serve.openai_api import Limits
 from streamchat.storage.session_file import read_session
-from tests.serve.conftest import HELLO_BODY, REPLY, wait_idle
+from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle, wait_until
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES, scripted_model_and_tokenizer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -71,8 +73,10 @@ BAD_REQUESTS = [
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": HELLO, "logit_bias": {"1": 5}}, "logit_bias"),
     ({"messages": HELLO, "logprobs": 0}, "logprobs"),
+    ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": HELLO, "logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
+    ({"messages": HELLO, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": HELLO, "logprobs": True}, "logprobs"),
     ({"messages": HELLO, "temperature": -1}, "temperature"),
     ({"messages": HELLO, "top_p": 0}, "top_p"),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
@@ -167,6 +171,34 @@ def test_past_the_waiting_requests_a_429_says_when_to_retry(start_server, endles
         with pytest.raises(openai.RateLimitError):
             server.client.chat.completions.create(model="tiny", messages=HELLO)
     wait_idle(server)
+
+
+def test_a_request_that_waits_in_line_past_its_limit_gets_a_429(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=1, max_waiting=4, max_wait_seconds=0.05)
+    body = {"messages": HELLO, "stream": True, "max_tokens": 10**9}  # holds the only conversation for ever
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
+        waited = server.post({"messages": [{"role": "user", "content": "another"}]})
+        error = waited.json()["error"]
+        assert (waited.status_code, waited.headers["retry-after"], error["code"]) == (429, "1", "busy")
+        assert "--max-wait-seconds" in error["message"]
+    wait_idle(server)
+
+
+def test_a_client_that_leaves_while_in_line_leaves_nothing_behind(start_server, endless) -> None:
+    server = start_server(endless, max_conversations=1, max_waiting=4)
+    body = {"messages": HELLO, "stream": True, "max_tokens": 10**9}
+    with server.http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        next(lines)
+        gone = json.dumps({"messages": [{"role": "user", "content": "I will not wait."}]}).encode()
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(raw_request(gone))
+            wait_until(lambda: server.worker.admitted == 2, "the second request to be in line")
+        wait_until(lambda: server.worker.admitted == 1, "the request in line to leave with its client")
+    wait_idle(server)
+    assert not any("I will not wait." in path.read_text() for path in server.sessions.glob("*.jsonl"))
 
 
 def test_json_carries_the_model_text_exactly(start_server) -> None:
@@ -302,3 +334,25 @@ def test_the_openai_client_with_penalties_gets_a_reply_that_they_change(start_se
     )
     assert penalized.choices[0].finish_reason == "length"
     assert penalized.choices[0].message.content != plain.choices[0].message.content
+
+
+def test_logprobs_come_with_each_token_whole_and_streamed_and_agree(start_server, scripted) -> None:
+    server = start_server(scripted)
+    asked = {"model": "tiny", "messages": HELLO, "logprobs": True, "top_logprobs": 3, "temperature": 0}
+    whole = server.client.chat.completions.create(**asked)
+    tokens = whole.choices[0].logprobs.content
+    assert "".join(token.token for token in tokens) == whole.choices[0].message.content == REPLY
+    assert len(tokens) == whole.usage.completion_tokens
+    for token in tokens:
+        best = [alternative.logprob for alternative in token.top_logprobs]
+        assert len(best) == 3 and best == sorted(best, reverse=True) and best[0] <= 0
+        assert sum(math.exp(value) for value in best) <= 1 + 1e-6
+        # Greedy: the token drawn is the likeliest, its log-probability the best one's.
+        assert (token.token, token.logprob) == (token.top_logprobs[0].token, best[0])
+        assert token.bytes == list(token.token.encode())
+    streamed = server.client.chat.completions.create(**asked, stream=True)
+    chunks = [chunk.choices[0] for chunk in streamed if chunk.choices]
+    said = [token for chunk in chunks if chunk.logprobs for token in chunk.logprobs.content]
+    assert [(t.token, t.logprob) for t in said] == [(t.token, t.logprob) for t in tokens]
+    plain = server.client.chat.completions.create(model="tiny", messages=HELLO, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == REPLY

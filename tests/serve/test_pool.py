@@ -8,13 +8,14 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from streamchat.cli import app
-from streamchat.conversation.session import ChatSession, SessionOptions
+from streamchat.conversation.session_options import SessionOptions
 from streamchat.generation.events import TurnFinished
 from streamchat.storage.cache_file import state_path, write_state
 from streamchat.storage.journal import Journal
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import KEY, SETTINGS, wait_idle
 from tests.serve.test_turn import new_turn_tokens
+from tests.support.sessions import session_under_test
 
 
 def interleaved(server, tokenizer, turns: int = 3) -> list[str]:
@@ -72,7 +73,7 @@ def test_a_client_gone_mid_stream_stops_the_reply_and_keeps_it(start_server, end
 def test_a_session_saved_by_run_is_continued_exactly_and_listed(start_server, endless, tmp_path, monkeypatch) -> None:
     model, tokenizer = endless
     sessions = tmp_path / "data" / "sessions"
-    session = ChatSession(model, tokenizer, SessionOptions(keep=4, window=64, settings=SETTINGS))
+    session = session_under_test(model, tokenizer, SessionOptions(keep=4, window=64, settings=SETTINGS))
     journal = Journal(sessions, "tiny", {"keep": 4, "window": 64}, on_error=print)
     history = []
     for text in ("First from run.", "Second from run."):

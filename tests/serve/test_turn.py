@@ -75,10 +75,10 @@ def test_a_server_reads_its_default_system_turn_at_start_and_its_first_conversat
     _, tokenizer = endless
     system = "You answer in one word."
     warm = start_server(endless, keep="system", system=system, max_conversations=3)
-    cold = start_server(endless, keep="system", system=system, batched=False)  # no engine: each reads all
+    cold = start_server(endless, keep="system", system=system, shares_sinks=False)  # each reads its sinks
     sinks = system_turn_length(ChatFormat(tokenizer, system_prompt=system))  # what keep="system" keeps
-    engine = warm.pool.served.engine
-    assert engine.runner.pool.capacity == 4  # rows for every live conversation (a power of two), before any came
+    engine = warm.pool.served.driver.engine
+    assert engine.runner.batch.capacity == 4  # rows for every live conversation (a power of two), before any came
     steps = engine.steps
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 8}
     first = warm.client.chat.completions.create(**body, temperature=0)

@@ -22,7 +22,7 @@ def conversation(server, name: str, turns: int = 3) -> list[str]:
 
 def test_four_concurrent_conversations_each_equal_to_itself_served_alone(start_server, endless) -> None:
     names = ["alpha", "beta", "gamma", "delta"]
-    alone = start_server(endless, window=48, batched=False)  # one at a time, each decode step its own
+    alone = start_server(endless, window=48, shares_sinks=False)  # one at a time, each its own sinks
     expected = [conversation(alone, name) for name in names]
     together = start_server(endless, window=48, max_conversations=4)
     with ThreadPoolExecutor(len(names)) as threads:
@@ -30,7 +30,7 @@ def test_four_concurrent_conversations_each_equal_to_itself_served_alone(start_s
     assert got == expected
     assert len({tuple(replies) for replies in expected}) == 4  # four different conversations
     assert len(together.pool.conversations) == 4
-    engine = together.pool.served.engine
+    engine = together.pool.served.driver.engine
     assert engine.rows_fed > engine.steps  # replies were decoded together, several rows a step
     assert engine.chunk_tokens > 0  # and the prompts read in the engine's steps
     assert engine.runner.members == []  # every reply left the decode pool when it ended
@@ -61,14 +61,14 @@ def test_concurrent_streams_with_their_own_seeds_and_evictions_equal_each_served
             replies.append(text)
         return replies
 
-    alone = start_server(endless, window=40, batched=False)
+    alone = start_server(endless, window=40, shares_sinks=False)
     expected = [streamed(alone, index) for index in range(5)]
     together = start_server(endless, window=40, max_conversations=5)
     with ThreadPoolExecutor(5) as threads:
         got = list(threads.map(lambda index: streamed(together, index), range(5)))
     assert got == expected
     assert len({tuple(replies) for replies in expected}) == 5
-    engine = together.pool.served.engine
+    engine = together.pool.served.driver.engine
     assert engine.rows_fed > engine.steps
 
 
@@ -101,3 +101,19 @@ def test_abandoned_endless_requests_do_not_stall_the_server(start_server, endles
     for path in server.sessions.glob("*.jsonl"):
         last = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
         assert last["type"] == "reply" and last.get("stop_reason") in ("interrupted", "max_new_tokens")
+
+
+def test_a_burst_of_more_clients_than_conversations_waits_in_line_and_every_one_is_answered(
+    start_server, endless
+) -> None:
+    server = start_server(endless, window=48, max_conversations=2, max_waiting=16)
+
+    def ask(index: int) -> int:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"Client {index} says hi."}]}
+        reply = server.client.chat.completions.create(**body, max_tokens=6)
+        return reply.usage.completion_tokens
+
+    with ThreadPoolExecutor(12) as threads:
+        assert list(threads.map(ask, range(12))) == [6] * 12  # none turned away, though 10 had to wait
+    wait_idle(server)
+    assert server.worker.admitted == 0 and len(list(server.sessions.glob("*.jsonl"))) == 12

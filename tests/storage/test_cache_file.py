@@ -7,6 +7,7 @@ import stat
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from streamchat.conversation.state import TensorState
 from streamchat.errors import SessionFileError
@@ -61,12 +62,27 @@ def test_a_state_written_is_read_back_with_its_seed_and_says_what_it_is_for(tmp_
         ({"quantization": "int8"}, "its cache state was saved for quantization none, this run has int8"),
         ({"keep": "4"}, "its cache state was saved for --keep system, this run has 4"),
         ({"window": 256}, "its cache state was saved for --window 2000, this run has 256"),
+        ({"kv_cache": "int8"}, "its cache state was saved for --kv-cache full, this run has int8"),
     ],
 )
 def test_a_state_for_another_run_is_not_used_and_says_why(tmp_path, change, reason):
     path = tmp_path / "s.cache.safetensors"
     write(path)
     assert read_state(path, dataclasses.replace(KEY, **change), SAVED) == reason
+
+
+def test_a_state_saved_before_the_kv_format_was_recorded_holds_a_full_window(tmp_path):
+    path = tmp_path / "s.cache.safetensors"
+    write(path)
+    saved = load_file(str(path))
+    with safe_open(str(path), framework="pt") as opened:
+        metadata = dict(opened.metadata())
+    del metadata["kv_cache"]  # as streamchat wrote it before --kv-cache
+    save_file(saved, path, metadata)
+    assert isinstance(read_state(path, KEY, SAVED), TensorState)
+    assert read_state(path, dataclasses.replace(KEY, kv_cache="int8"), SAVED) == (
+        "its cache state was saved for --kv-cache full, this run has int8"
+    )
 
 
 def test_a_state_older_than_the_conversation_s_last_turn_is_not_used(tmp_path):

@@ -18,10 +18,14 @@
    [rows, head_dim] are each row's rotary angles (sin with its first half negated); slots [rows] where
    each row's token goes, sinks [rows] how many sinks each row has; sink_cos and sink_sin [rows,
    rotary_dim] (float32) each row's sink rotation; mask [rows, extent] float32 terms added to the scores,
-   or none. */
+   or none. In an int8 cache (--kv-cache int8) each key and value is quantized as it is written, and the
+   sinks are turned into their exact bfloat16 copies (SINK_KEYS), which attention reads for a row's first
+   slots. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
+#include "attention.h"
 #include "bfloat16.h"
 #include "kernels.h"
 #include "vector_exp.h"
@@ -40,6 +44,10 @@ enum {
     VALUES,
     PRISTINE, /* float32 [rows, kv_heads, sinks, rotary_dim]: the sinks' keys unrotated, their rotate_half partners */
     PARTNERS,
+    KEY_SCALES, /* an int8 cache's (KEYS, VALUES int8 levels): float32 [rows, kv_heads, slots], else 0 */
+    VALUE_SCALES,
+    SINK_KEYS, /* where the sinks' keys sit in bfloat16 at EXACT_ROW, EXACT_HEAD: an int8 cache's copies, else KEYS */
+    SINK_VALUES,
     FIELDS
 };
 enum {
@@ -56,7 +64,12 @@ enum {
     SINK_ROW,
     SINK_HEAD,
     ROTARY_DIM,
-    EXTENT
+    EXTENT,
+    INT8_CACHE, /* 1: keys and values are stored as int8 levels and scales (cache/quantized_kv.py) */
+    SCALE_ROW,
+    SCALE_HEAD,
+    EXACT_ROW,
+    EXACT_HEAD
 };
 
 /* out [rows, n] = x [rows, k] @ W.T (+ bias), bfloat16, as PackedLinear.forward rounds it: the product,
@@ -84,20 +97,38 @@ static void rotate(uint16_t *head, int64_t dim, const uint16_t *cos, const uint1
     memcpy(head, rotated, dim * sizeof *head);
 }
 
+/* x [dim] (bfloat16) as int8 levels and their scale, as cache/quantized_kv.py's quantize rounds them:
+   scale = max |x| / 127, level = x / scale to nearest, ties to even. */
+static void quantize(const uint16_t *x, int64_t dim, int8_t *levels, float *scale) {
+    floats16 largest = zeros_16();
+    for (int64_t d = 0; d < dim; d += 16) largest = max_16(largest, abs_16(load_16(x, 1, d)));
+    const float step = largest_16(largest) / 127.0f;
+    const floats16 divisor = splat_16(step > 0.0f ? step : FLT_MIN); /* an all-zero vector: levels 0 */
+    for (int64_t d = 0; d < dim; d += 16) store_int8_16(levels + d, div_16(load_16(x, 1, d), divisor));
+    *scale = step;
+}
+
 /* Each row's key and value into its slot, then each of its sinks' keys turned by its sink shift. */
 static void write_cache(const int64_t *layer, const int64_t *dims, const uint16_t *qkv, const int64_t *slots,
                         const int64_t *sinks, const float *sink_cos, const float *sink_sin) {
-    uint16_t *key_store = (uint16_t *)layer[KEYS], *value_store = (uint16_t *)layer[VALUES];
     const int64_t dim = dims[HEAD_DIM], rotary = dims[ROTARY_DIM], kv_heads = dims[KV_HEADS];
     const int64_t q_size = dims[Q_HEADS] * dim, qkv_size = q_size + 2 * kv_heads * dim;
     for (int64_t r = 0; r < dims[ROWS]; r++) {
         const uint16_t *keys = qkv + r * qkv_size + q_size, *values = keys + kv_heads * dim;
         const float *cos = sink_cos + r * rotary, *sin = sink_sin + r * rotary;
         for (int64_t h = 0; h < kv_heads; h++) {
-            uint16_t *row_keys = key_store + r * dims[KEY_ROW] + h * dims[KEY_HEAD];
-            uint16_t *row_values = value_store + r * dims[VALUE_ROW] + h * dims[VALUE_HEAD];
-            memcpy(row_keys + slots[r] * dim, keys + h * dim, dim * sizeof *keys);
-            memcpy(row_values + slots[r] * dim, values + h * dim, dim * sizeof *values);
+            const int64_t key_at = r * dims[KEY_ROW] + h * dims[KEY_HEAD] + slots[r] * dim;
+            const int64_t value_at = r * dims[VALUE_ROW] + h * dims[VALUE_HEAD] + slots[r] * dim;
+            if (dims[INT8_CACHE]) {
+                const int64_t scale_at = r * dims[SCALE_ROW] + h * dims[SCALE_HEAD] + slots[r];
+                quantize(keys + h * dim, dim, (int8_t *)layer[KEYS] + key_at, (float *)layer[KEY_SCALES] + scale_at);
+                quantize(values + h * dim, dim, (int8_t *)layer[VALUES] + value_at,
+                         (float *)layer[VALUE_SCALES] + scale_at);
+            } else {
+                memcpy((uint16_t *)layer[KEYS] + key_at, keys + h * dim, dim * sizeof *keys);
+                memcpy((uint16_t *)layer[VALUES] + value_at, values + h * dim, dim * sizeof *values);
+            }
+            uint16_t *row_keys = (uint16_t *)layer[SINK_KEYS] + r * dims[EXACT_ROW] + h * dims[EXACT_HEAD];
             int64_t at = r * dims[SINK_ROW] + h * dims[SINK_HEAD];
             const float *pristine = (const float *)layer[PRISTINE] + at;
             const float *partners = (const float *)layer[PARTNERS] + at;
@@ -156,10 +187,13 @@ int decode_layers(const int64_t *table, int64_t layers, const int64_t *dims, con
             memcpy(query + r * q_size, qkv + r * qkv_size, q_size * sizeof *query); /* [rows, kv, groups, dim] */
         }
         write_cache(layer, dims, qkv, slots, sinks, sink_cos, sink_sin);
-        failed |= decode_attention(query, (const void *)layer[KEYS], (const void *)layer[VALUES], mask, attended,
-                                   rows, kv_heads, q_heads / kv_heads, dim, dim, dims[EXTENT], dims[KEY_ROW],
-                                   dims[KEY_HEAD], dims[VALUE_ROW], dims[VALUE_HEAD], mask ? dims[EXTENT] : 0, scale,
-                                   1, threads);
+        const AttentionCache cache = {
+            (const void *)layer[KEYS], (const void *)layer[VALUES], dims[KEY_ROW], dims[KEY_HEAD], dims[VALUE_ROW],
+            dims[VALUE_HEAD], mask, mask ? dims[EXTENT] : 0, q_heads / kv_heads, dim, dim, dims[EXTENT], 1,
+            (int)dims[INT8_CACHE], (const float *)layer[KEY_SCALES], (const float *)layer[VALUE_SCALES],
+            dims[SCALE_ROW], dims[SCALE_HEAD], (const void *)layer[SINK_KEYS], (const void *)layer[SINK_VALUES],
+            dims[EXACT_ROW], dims[EXACT_HEAD], sinks};
+        failed |= attend(&cache, query, attended, rows, kv_heads, scale, threads);
         failed |= project(layer + O_PROJ, attended, rows, q_size, size, delta, threads);
         add_residual(hidden, delta, rows * size);
         rms_norm(hidden, (const uint16_t *)layer[POST_NORM], normed, rows, size, eps);

@@ -117,6 +117,12 @@ static inline __m256i narrow_16(floats16 x) {
     __m256i packed = _mm256_packus_epi32(rounded_top_halves_8(x.low), rounded_top_halves_8(x.high));
     return _mm256_permute4x64_epi64(packed, 0xD8);
 }
+/* 16 int8 values as float32 (exactly). */
+static inline floats16 load_int8_16(const int8_t *at) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)at);
+    return LANES_2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8))));
+}
 /* 16 float16 values as float32. */
 static inline floats16 widen_half_16(const uint16_t *at) {
     return LANES_2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)),

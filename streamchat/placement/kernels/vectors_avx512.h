@@ -55,6 +55,10 @@ static inline __m256i narrow_16(floats16 x) {
     bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
 }
+/* 16 int8 values as float32 (exactly). */
+static inline floats16 load_int8_16(const int8_t *at) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)at)));
+}
 /* 16 float16 values as float32. */
 static inline floats16 widen_half_16(const uint16_t *at) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at)); }
 

@@ -1,7 +1,7 @@
 """A reply's decode step compiled to one graph: what the runner feeds a reply decoding alone with, when asked to.
 
     backend = compile_backend("auto", device)   # what --compile means here: "inductor", or None for eager steps
-    step = CompiledStep(model, backend)
+    step = CompiledDecode(model, backend)
     step.will_compile(cache)                    # the next step of `cache` compiles first (slow: say so)
     with cache.decode_step(label, token_id):
         logits = step(cache, token)             # token [1, 1] -> logits [1, 1, vocab]
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,33 +27,36 @@ from streamchat.cache.feeding import step_logits
 from streamchat.errors import ConfigError
 from streamchat.placement.lean_forward import lean_forward_for
 
+# A decode step's body: (model, cache, token [1, 1]) -> logits [1, 1, vocab].
+DecodeFunction = Callable[[Any, SinkCache, torch.Tensor], torch.Tensor]
+
 
 def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
     """The body of `with cache.decode_step()` for token [1, 1]: logits [1, 1, vocab]. Compilable."""
     return step_logits(model, cache, token, cache.decode_inputs(token))
 
 
-def step_function(model: Any) -> Any:
+def decode_function(model: Any) -> DecodeFunction:
     """decode_step, or the same step through the lean forward where the model has one (placement/lean_forward.py)."""
     forward = lean_forward_for(model)
     if forward is None:
         return decode_step
 
-    def lean_decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
+    def lean_decode(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
         inputs = cache.decode_inputs(token)
         return forward(token, inputs.position_ids, inputs.attention_mask, cache)
 
-    return lean_decode_step
+    return lean_decode
 
 
-class CompiledStep:
+class CompiledDecode:
     """One decode step of a cache, compiled with `backend`; how long the last first step took to compile."""
 
     def __init__(self, model: Any, backend: str) -> None:
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-        self._step = torch.compile(step_function(model), backend=backend, mode=mode, fullgraph=True, dynamic=False)
+        self._step = torch.compile(decode_function(model), backend=backend, mode=mode, fullgraph=True, dynamic=False)
         self._compiled: weakref.WeakSet[SinkCache] = weakref.WeakSet()
         self.seconds: float | None = None  # how long the last cache's first step took (compiling it)
 
@@ -66,7 +70,7 @@ class CompiledStep:
         if cache in self._compiled:
             if self.device.type == "cuda":
                 # Tells CUDA graph trees that the last step's outputs are done with: the replay may reuse them.
-                torch.compiler.cudagraph_mark_step_begin()
+                torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # unannotated in torch
             return self._step(self.model, cache, token)
         cache.static_extent = True
         cache.mark_static()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from streamchat.app.commands import (
+from streamchat.app.slash_commands import (
     COMMANDS,
     CacheInfo,
     ChatText,
