@@ -349,19 +349,18 @@ class FusedDecode:
         rows = hidden.shape[0]
         if storage is None or storage.slots.numel() != rows or not _takes_mask(mask, rows, storage.extent):
             return None
-        keys, values, pristine = storage.keys[0], storage.values[0], storage.pristine[0]
+        layers = _stored_per_layer(storage)
+        keys, values, pristine, _, scales, _, exact, _ = layers[0]  # exact: an int8 cache's sink keys, else the keys
+        if exact.dtype != torch.bfloat16 or not _alike(layers):
+            return None
         strides = [keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)]
         strides += [pristine.stride(0), pristine.stride(1)]
-        if not _alike(storage) or _stored_dtype(storage) != torch.bfloat16:
-            return None
-        layers = _stored_per_layer(storage)
         table = torch.tensor(
             [
                 [*weights, *(tensor.data_ptr() for tensor in held)]
                 for weights, held in zip(self.weights, layers, strict=True)
             ]
         )
-        scales, exact = layers[0][4], layers[0][6]  # an int8 cache's scales and exact sink keys, else the keys
         int8 = [int(storage.kv_format == INT8), scales.stride(0), scales.stride(1), exact.stride(0), exact.stride(1)]
         dims = torch.tensor([*self.dims, rows, *strides, pristine.shape[3], storage.extent, *int8])
         out = hidden.clone(memory_format=torch.contiguous_format)
@@ -394,18 +393,12 @@ def _int8_tensors(storage: DecodeStorage) -> tuple[list[torch.Tensor], ...]:
     return key_scales, value_scales, sink_keys, sink_values
 
 
-def _stored_dtype(storage: DecodeStorage) -> torch.dtype:
-    """What the cache's keys are read in: its exact sinks' dtype in an int8 cache, else its keys'."""
-    return _int8_tensors(storage)[2][0].dtype if storage.kv_format == INT8 else storage.keys[0].dtype
-
-
-def _alike(storage: DecodeStorage) -> bool:
-    """Whether every layer's storage has the first's strides, and keys and values alike, scales alike, exact sinks
-    alike (decode_layers.c takes one set)."""
-    layers = _stored_per_layer(storage)
-    first = [tensor.stride() for tensor in layers[0]]
-    pairs_alike = all(layer[2 * i + 2].stride() == layer[2 * i + 3].stride() for layer in layers for i in range(3))
-    return pairs_alike and all([tensor.stride() for tensor in layer] == first for layer in layers)
+def _alike(layers: list[tuple[torch.Tensor, ...]]) -> bool:
+    """Whether every layer's tensors (_stored_per_layer's) have the first's strides, and keys and values alike,
+    scales alike, exact sinks alike (decode_layers.c takes one set)."""
+    strides = [[tensor.stride() for tensor in layer] for layer in layers]
+    first = strides[0]
+    return all(first[2 * i + 2] == first[2 * i + 3] for i in range(3)) and all(each == first for each in strides)
 
 
 def _takes_mask(mask: Any, rows: int, extent: int) -> bool:

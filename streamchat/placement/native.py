@@ -161,11 +161,7 @@ class NativeKernels:
             out.data_ptr(), batch, kv_heads, groups, dim, value_dim, slots, keys.stride(0), keys.stride(1),
             values.stride(0), values.stride(1), mask_batch, scale, half, torch.get_num_threads(),
         )  # fmt: skip
-        if answer == _SHAPE_NOT_TAKEN:
-            return None
-        if answer:
-            raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
-        return out
+        return _attended(answer, out, batch)
 
     def decode_attention_int8(
         self, query: torch.Tensor, window: QuantizedWindow, mask: torch.Tensor | None, scale: float
@@ -198,11 +194,7 @@ class NativeKernels:
             0 if mask is None else mask.data_ptr(), out.data_ptr(), shape.data_ptr(), scale,
             query.dtype == torch.bfloat16, torch.get_num_threads(),
         )  # fmt: skip
-        if answer == _SHAPE_NOT_TAKEN:
-            return None
-        if answer:
-            raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
-        return out
+        return _attended(answer, out, batch)
 
     def rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """LlamaRMSNorm of bfloat16 hidden [..., dim] with a bfloat16 weight [dim]; None for what it does not take."""
@@ -241,6 +233,15 @@ class NativeKernels:
             raise ValueError(f"the decode layers kernel does not take these sizes: {dims.tolist()}")
         if answer:
             raise MemoryError("the decode layers kernel could not allocate scratch memory")
+
+
+def _attended(answer: int, out: torch.Tensor, batch: int) -> torch.Tensor | None:
+    """What an attention kernel's answer means: `out` written, None for a shape it does not take."""
+    if answer == _SHAPE_NOT_TAKEN:
+        return None
+    if answer:
+        raise MemoryError(f"the attention kernel could not allocate scratch memory for {batch} rows")
+    return out
 
 
 _IN_USE: list[NativeKernels] = []  # what use_native_kernels gave, if anything
