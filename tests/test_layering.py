@@ -162,5 +162,5 @@ def test_the_conversation_does_no_file_io(name: str) -> None:
 
 def test_every_folder_is_a_package():
     # A folder without __init__.py is a namespace package, which a non-editable install leaves out.
-    folders = {path.parent.name for path in PACKAGE.rglob("*.py")} - {PACKAGE.name}
-    assert {folder for folder in folders if not (PACKAGE / folder / "__init__.py").is_file()} == set()
+    folders = {path.parent for path in PACKAGE.rglob("*.py")} - {PACKAGE}
+    assert {folder for folder in folders if not (folder / "__init__.py").is_file()} == set()

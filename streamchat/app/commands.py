@@ -188,6 +188,15 @@ def run(
         option("End a reply where this text appears (repeat for several).", panel=GENERATION, metavar="TEXT"),
     ] = None,
     system: Annotated[str | None, option("System prompt.", panel=GENERATION, metavar="TEXT")] = None,
+    json_schema: Annotated[
+        str | None,
+        option(
+            "Every reply is one JSON value that this JSON schema file describes (constrained decoding; "
+            '{"type": "object"} for any object).',
+            panel=GENERATION,
+            metavar="FILE",
+        ),
+    ] = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,

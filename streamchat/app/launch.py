@@ -29,7 +29,7 @@ from streamchat.interface.safe_text import safe_text
 from streamchat.interface.transcript import TranscriptItem, read_transcript, read_transcript_file, transcript_writer
 from streamchat.loading import LoadedModel, LoadOptions
 from streamchat.placement.quantization import precision_label
-from streamchat.sessions.building import driven_session_for
+from streamchat.sessions.building import driven_session_for, json_format_file
 from streamchat.sessions.keeping import data_dir, save_state, state_key
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ def run_chat(config: RunConfig, load: Callable[[LoadOptions], LoadedModel], buil
     items = None if interactive else _first_read(_transcript_items(config))
     # Which conversation to go on with, also settled before the model loads.
     resume = session_to_resume(config, data_dir() / "sessions")
+    if config.json_schema is not None:
+        json_format_file(config.json_schema)  # a schema the replies cannot be held to fails now, not after the load
     announce_load(config.model)
     # Keys typed while the model loads wait, whole and unechoed, for the first prompt.
     with keys_held() if interactive else nullcontext():

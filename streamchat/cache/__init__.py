@@ -10,31 +10,31 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamchat.cache.architectures import LayerSpec, layer_specs
     from streamchat.cache.feeding import Forwarded, forward
-    from streamchat.cache.layers import LayerSpec, layer_specs
     from streamchat.cache.ledger import CacheStats, Eviction
-    from streamchat.cache.sink_cache import SinkCache, Step, StepInputs
+    from streamchat.cache.sink_cache import ForwardPass, PassInputs, SinkCache
 
 _HOMES = {
     "CacheStats": "ledger",
     "Eviction": "ledger",
+    "ForwardPass": "sink_cache",
     "Forwarded": "feeding",
     "forward": "feeding",
-    "LayerSpec": "layers",
+    "LayerSpec": "architectures",
+    "PassInputs": "sink_cache",
     "SinkCache": "sink_cache",
-    "Step": "sink_cache",
-    "StepInputs": "sink_cache",
-    "layer_specs": "layers",
+    "layer_specs": "architectures",
 }
 
 __all__ = [
     "CacheStats",
     "Eviction",
+    "ForwardPass",
     "Forwarded",
     "LayerSpec",
+    "PassInputs",
     "SinkCache",
-    "Step",
-    "StepInputs",
     "forward",
     "layer_specs",
 ]

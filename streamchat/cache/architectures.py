@@ -1,15 +1,21 @@
-"""Which model types the sink cache supports, and how each lays out its rotary dimensions.
+"""Which model types the sink cache supports, how each lays out its rotary dimensions, and what each of a
+model's attention layers is to the cache (LayerSpec: its rotary frequencies, its own sliding window).
 
 A model type is listed only once the exactness test against the naive reference
 (tests/cache/test_against_reference.py) passes for it. Everything else is refused
-with a message naming the model type and this list.
+with a message naming the model type and this list. Importing this module costs no torch
+(the CLI lists the types); reading a model's layers imports what the model needs anyway.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from streamchat.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    import torch
 
 RotaryLayout = Literal["rotate_half", "interleaved"]
 
@@ -82,3 +88,48 @@ def _rope_types(text_config: Any) -> list[str]:
     nested = [value for value in parameters.values() if isinstance(value, dict)]
     groups = nested or [parameters]
     return [group.get("rope_type", "default") for group in groups]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One attention layer: its rotary frequencies, and the model's own sliding window if it has one."""
+
+    inv_freq: torch.Tensor
+    layout: RotaryLayout = "rotate_half"
+    sliding_window: int | None = None
+    layer_type: str = "full_attention"  # the model's name for the layer's kind (config.layer_types)
+
+
+def layer_specs(model: Any) -> list[LayerSpec]:
+    """Read each attention layer's rotary frequencies and sliding window from a transformers model."""
+    config = model.config.get_text_config(decoder=True)
+    layout = ensure_supported(config)
+    from transformers.cache_utils import get_layer_types_and_kwargs  # imports torch: only for a model
+
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    rotary = _rotary_module(model)
+    specs = []
+    for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True):
+        if layer_type not in ("full_attention", "sliding_attention"):
+            raise UnsupportedModelError(
+                f"model type '{config.model_type}' has '{layer_type}' layers, which cannot stream"
+            )
+        inv_freq: torch.Tensor | None = getattr(rotary, f"{layer_type}_inv_freq", None)
+        if inv_freq is None:
+            inv_freq = cast("torch.Tensor", rotary.inv_freq)  # a buffer: torch types module attributes Tensor | Module
+        specs.append(LayerSpec(inv_freq, layout, kwargs.get("sliding_window"), layer_type))
+    return specs
+
+
+def keeps_own_window(spec: LayerSpec, window: int) -> bool:
+    """Whether a layer keeps the model's sliding window in a cache of `window` recent tokens."""
+    # A sliding window no wider than ours is kept as trained. A wider one never binds
+    # inside our cache, so such a layer streams with sinks like a full-attention layer.
+    return spec.sliding_window is not None and spec.sliding_window <= window
+
+
+def _rotary_module(model: Any) -> torch.nn.Module:
+    for name, module in model.named_modules():
+        if name.endswith("rotary_emb"):
+            return cast("torch.nn.Module", module)  # the model is untyped (Any); named_modules gives modules
+    raise UnsupportedModelError(f"model type '{model.config.model_type}' has no rotary embedding module")

@@ -2,31 +2,31 @@
 
     batch = CacheBatch()
     batch.join(cache)                          # its layers' storage is now a view of a row of the pool
-    with batch.decode_step(tokens, labels, token_ids) as step:   # one token for every member, in row order
-        model(input_ids=step.input_ids, cache=batch, position_ids=step.inputs.position_ids,
-              attention_mask=step.inputs.attention_mask)
+    with batch.decode_pass(tokens, labels, token_ids) as opened:   # one token for every member, in row order
+        model(input_ids=opened.input_ids, cache=batch, position_ids=opened.inputs.position_ids,
+              attention_mask=opened.inputs.attention_mask)
     batch.leave(cache)                         # its storage is its own again (a copy of its row)
 
-Why a pool rather than gathering the members' caches into a batch each step: gathering
-copies every member's whole cache, every layer, every step (4 + 2000 slots of the default
-model in float32 is about 90 MB a conversation a step), more than reading the weights.
+Why a pool rather than gathering the members' caches into a batch each pass: gathering
+copies every member's whole cache, every layer, every pass (4 + 2000 slots of the default
+model in float32 is about 90 MB a conversation a pass), more than reading the weights.
 In a pool, a member's layers *are* views of its row (`keys[row:row + 1, :, :slots]`), so
 the batched attention reads the pool as it is, and each row's write lands in its cache.
 
-Every member stays a SinkCache of its own: its ledgers plan its step (its sinks, window,
+Every member stays a SinkCache of its own: its ledgers plan its pass (its sinks, window,
 positions, sink shift, evictions), its occupancy marks its slots and its record (record.py)
-takes its token and label, exactly as a one-row decode step does; only the device work of
-the step is shared. Whatever reads or writes a member's storage in place (its snapshots)
+takes its token and label, exactly as a one-row decode pass does; only the device work of
+the pass is shared. Whatever reads or writes a member's storage in place (its snapshots)
 is unchanged while it is a member. Leaving copies its row out, so a cache outside a batch
 owns its tensors and is saved and restored as always. Members sit in rows 0..n-1: one
-leaving gives its row to the last member (one row copied), so a step's rows are always the
+leaving gives its row to the last member (one row copied), so a pass's rows are always the
 pool's first ones. Joining and leaving copy only the slots a cache has written (a turn's
 few hundred of the default model's 2,004), not its whole capacity.
 
 Members may differ in sinks (each conversation's kept prefix): the pool's rows are as wide
 as the widest member, a narrower member views the first columns of its row, and the
 columns past its own are masked. The pool grows a power of two rows at a time (1, 2, 4, 8,
-...); a step runs only its members' rows.
+...); a pass runs only its members' rows.
 """
 
 from __future__ import annotations
@@ -45,22 +45,22 @@ from streamchat.cache.ledger import NO_LABEL, Eviction, known_sliding
 from streamchat.cache.masks import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE
 from streamchat.cache.quantized_kv import INT8, QuantizedWindow, Stored, widened
 from streamchat.cache.record import UNREAD
-from streamchat.cache.sink_cache import SinkCache, StepInputs
+from streamchat.cache.sink_cache import PassInputs, SinkCache
 from streamchat.errors import CacheStateError
 
 
 @dataclass(frozen=True)
-class BatchStep:
-    """An open batched decode step: what the model runs with, and each member's eviction, in row order."""
+class BatchPass:
+    """An open batched decode pass: what the model runs with, and each member's eviction, in row order."""
 
     input_ids: torch.Tensor  # [members, 1]
-    inputs: StepInputs  # position_ids [rows, 1]; masks [rows, 1, 1, slots]
+    inputs: PassInputs  # position_ids [rows, 1]; masks [rows, 1, 1, slots]
     evictions: list[Eviction | None]  # one per member
 
 
 @dataclass
 class _Active:
-    """The device tensors of the step under way, read by update() for every layer."""
+    """The device tensors of the pass under way, read by update() for every layer."""
 
     rows: int  # the members
     width: int  # the sink layers' slots attention reads: as far as any row has written
@@ -78,7 +78,7 @@ def bucket(count: int) -> int:
 
 
 class CacheBatch(Cache):
-    """The transformers Cache a batched decode step is called with; its members are SinkCaches."""
+    """The transformers Cache a batched decode pass is called with; its members are SinkCaches."""
 
     def __init__(self) -> None:
         super().__init__(layers=[])
@@ -136,7 +136,7 @@ class CacheBatch(Cache):
     def leave(self, cache: SinkCache) -> None:
         """`cache` owns its storage again (a copy of its row); the last member takes its row."""
         if self._active is not None:
-            raise CacheStateError("a cache cannot leave a batch during its step")
+            raise CacheStateError("a cache cannot leave a batch during its pass")
         row = next((index for index, member in enumerate(self.members) if member is cache), None)
         if row is None:
             return
@@ -153,21 +153,21 @@ class CacheBatch(Cache):
             self.members[row] = last
             self._copy_in(last, row)
 
-    # ---- the step ------------------------------------------------------------------------------
+    # ---- the pass ------------------------------------------------------------------------------
 
     @contextmanager
-    def decode_step(
+    def decode_pass(
         self,
         tokens: Sequence[torch.Tensor],
         labels: Sequence[int] | None = None,
         token_ids: Sequence[int] | None = None,
-    ) -> Iterator[BatchStep]:
+    ) -> Iterator[BatchPass]:
         """One token for every member (`tokens`, one [1] tensor each, in row order), one forward pass.
 
-        Entering plans each member's step as its own decode_step(label, token_id) does (room
+        Entering plans each member's pass as its own decode_pass(label, token_id) does (room
         made, slots and angles sent, the token recorded with its label and, when given, its id)
-        and marks its slots; the block runs the model; leaving closes every member's step. An
-        exception from the block leaves the members torn, as in a one-row step.
+        and marks its slots; the block runs the model; leaving closes every member's pass. An
+        exception from the block leaves the members torn, as in a one-row pass.
         """
         count = len(self.members)
         if len(tokens) != count:
@@ -176,10 +176,10 @@ class CacheBatch(Cache):
         token_ids = [UNREAD] * count if token_ids is None else token_ids
         with torch.inference_mode(), ExitStack() as opened:
             fed = zip(self.members, labels, token_ids, strict=True)
-            evictions = [opened.enter_context(member.decode_step(label, token)) for member, label, token in fed]
-            step = self._open(tokens)
+            evictions = [opened.enter_context(member.decode_pass(label, token)) for member, label, token in fed]
+            input_ids, inputs = self._open(tokens)
             try:
-                yield BatchStep(step[0], step[1], evictions)
+                yield BatchPass(input_ids, inputs, evictions)
             finally:
                 self._active = None
 
@@ -194,7 +194,7 @@ class CacheBatch(Cache):
         their QuantizedWindow."""
         active = self._active
         if active is None:
-            raise CacheStateError("the batch was updated outside a step: call the model inside batch.decode_step")
+            raise CacheStateError("the batch was updated outside a pass: call the model inside batch.decode_pass")
         layer = self.members[0].ring_layers[layer_idx]
         sliding = isinstance(layer, SlidingLayer)
         width = active.sliding_width if sliding else active.width
@@ -224,8 +224,8 @@ class CacheBatch(Cache):
         )
 
     def decode_storage(self) -> DecodeStorage | None:
-        """The open step's rows as a kernel that writes every layer itself takes them; None
-        outside a step, or where a layer slides or layers rotate by more than one table."""
+        """The open pass's rows as a kernel that writes every layer itself takes them; None
+        outside a pass, or where a layer slides or layers rotate by more than one table."""
         active = self._active
         if active is None or len(active.rotations) != 1 or any(each is None for each in self._sink_pools):
             return None
@@ -243,24 +243,24 @@ class CacheBatch(Cache):
         )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        raise CacheStateError("each row of a batch has its own positions: they come with the step's inputs")
+        raise CacheStateError("each row of a batch has its own positions: they come with the pass's inputs")
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_step")
+        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_pass")
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_step")
+        raise CacheStateError("the batch hands the model its masks: call the model inside batch.decode_pass")
 
     # ---- internals -----------------------------------------------------------------------------
 
-    def _open(self, tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, StepInputs]:
-        """Every member's slots marked and scalars sent (their decode_step() is open): the step's inputs."""
+    def _open(self, tokens: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PassInputs]:
+        """Every member's slots marked and scalars sent (their decode_pass() is open): the pass's inputs."""
         members = self.members
         rows = len(members)
         first = members[0]
         device = first.device
         for member, token in zip(members, tokens, strict=True):
-            member.occupancy.take_decode_step(token.reshape(1, 1))
+            member.occupancy.take_token(token.reshape(1, 1))
         scalars = torch.stack([member.occupancy.scalars for member in members])  # [members, 6]
         input_ids = torch.cat([token.reshape(1) for token in tokens])[:, None]
         # Attention reads as far as the furthest row has written: a short conversation's slots past that are
@@ -291,7 +291,7 @@ class CacheBatch(Cache):
             sinks,
         )
         position_ids = scalars[:, POSITION : POSITION + 1]  # [rows, 1]
-        return input_ids, StepInputs(position_ids, self._attention_masks(full, sliding))
+        return input_ids, PassInputs(position_ids, self._attention_masks(full, sliding))
 
     @staticmethod
     def _held(held: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -351,7 +351,7 @@ class CacheBatch(Cache):
     def _copy_in(self, cache: SinkCache, row: int) -> None:
         """Copy `cache`'s storage into `row` and make its layers views of that row.
 
-        Only the slots it has written: the row's slots past them may hold an earlier member's, which its steps
+        Only the slots it has written: the row's slots past them may hold an earlier member's, which its passes
         never attend to (no slot past the written ones is held) and leave() does not copy out.
         """
         for index, layer in enumerate(cache.ring_layers):

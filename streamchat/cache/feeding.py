@@ -1,7 +1,7 @@
-"""The model's own forward through a sink cache, one step at a time.
+"""The model's own forward through a sink cache, one pass at a time.
 
-step_logits is the body of an open step (the runner's and the compiled step's, engine/); forward
-opens the step around it, for every position's logits (the perplexity measure's scoring) or as a
+model_logits is the body of an open pass (the engine's runner's and its compiled decode's); forward
+opens the pass around it, for every position's logits (the perplexity measure's scoring) or as a
 reference the engine's runner is tested against. A prompt the chat reads goes through the
 engine's runner instead (generation/prompt_reading.py: Reading, read_prompt).
 """
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from streamchat.cache.ledger import NO_LABEL, Eviction
-from streamchat.cache.sink_cache import SinkCache, StepInputs
+from streamchat.cache.sink_cache import PassInputs, SinkCache
 
 
 class Forwarded(NamedTuple):
@@ -32,16 +32,16 @@ def forward(
     Returns the logits ([1, n, vocab] with `all_logits`, else the last position's [1, 1, vocab])
     and the eviction that made room for the pass (None when nothing had to leave).
     """
-    with cache.step(input_ids, label) as step:
-        logits = step_logits(model, cache, input_ids, step.inputs, all_logits)
-    return Forwarded(logits, step.eviction)
+    with cache.forward_pass(input_ids, label) as opened:
+        logits = model_logits(model, cache, input_ids, opened.inputs, all_logits)
+    return Forwarded(logits, opened.eviction)
 
 
-def step_logits(
-    model: Any, cache: Any, input_ids: torch.Tensor, inputs: StepInputs, all_logits: bool = False
+def model_logits(
+    model: Any, cache: Any, input_ids: torch.Tensor, inputs: PassInputs, all_logits: bool = False
 ) -> torch.Tensor:
-    """The model's forward over input_ids [rows, n] inside an open step of `cache` (a SinkCache, or a CacheBatch
-    for decode rows), at the positions and under the masks the step handed over: logits [rows, n, vocab] with
+    """The model's forward over input_ids [rows, n] inside an open pass of `cache` (a SinkCache, or a CacheBatch
+    for decode rows), at the positions and under the masks the pass handed over: logits [rows, n, vocab] with
     `all_logits`, else the last position's [rows, 1, vocab]. Compilable."""
     logits: torch.Tensor = model(
         input_ids=input_ids,

@@ -1,11 +1,9 @@
-"""The sink cache's layers: what each attention layer is (LayerSpec, read from a model) and its storage.
-
-A LayerSpec is a layer's rotary frequencies and the model's own sliding window if it has one.
+"""The sink cache's layers: the storage of each attention layer (architectures.py: LayerSpec says what it is).
 
 Each layer allocates its whole capacity once, on its first update, and then only
 writes into it; slots never move. The ledgers (ledger.py) decide every slot; layers
-carry out their steps, so all layers stay in lockstep. A step comes in one of two
-forms: a plan in Python ints (any number of tokens, eager), or a decode step whose
+carry out their placements, so all layers stay in lockstep. A pass comes in one of two
+forms: a plan in Python ints (any number of tokens, eager), or a decode pass whose
 slot and rotation are device tensors (one token, fixed shapes: compilable). Keys and
 values are stored in the model's dtype, or (--kv-cache int8) as int8 levels and scales,
 quantized as they are written, the sinks apart and exact (quantized_kv.py).
@@ -14,53 +12,15 @@ quantized as they are written, the sinks apart and exact (quantized_kv.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn
 
 import torch
-from transformers.cache_utils import CacheLayerMixin, get_layer_types_and_kwargs
+from transformers.cache_utils import CacheLayerMixin
 
-from streamchat.cache.architectures import RotaryLayout, ensure_supported
-from streamchat.cache.ledger import Run, SinkStep, SlidingStep
+from streamchat.cache.architectures import LayerSpec, keeps_own_window
+from streamchat.cache.ledger import Run, SinkPlacement, SlidingPlacement
 from streamchat.cache.quantized_kv import FULL, INT8, KVFormat, QuantizedWindow, Stored, dequantize, quantize, widened
 from streamchat.cache.rope import RotaryTable
-from streamchat.errors import UnsupportedModelError
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One attention layer: its rotary frequencies, and the model's own sliding window if it has one."""
-
-    inv_freq: torch.Tensor
-    layout: RotaryLayout = "rotate_half"
-    sliding_window: int | None = None
-    layer_type: str = "full_attention"  # the model's name for the layer's kind (config.layer_types)
-
-
-def layer_specs(model: Any) -> list[LayerSpec]:
-    """Read each attention layer's rotary frequencies and sliding window from a transformers model."""
-    config = model.config.get_text_config(decoder=True)
-    layout = ensure_supported(config)
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
-    rotary = _rotary_module(model)
-    specs = []
-    for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True):
-        if layer_type not in ("full_attention", "sliding_attention"):
-            raise UnsupportedModelError(
-                f"model type '{config.model_type}' has '{layer_type}' layers, which cannot stream"
-            )
-        inv_freq: torch.Tensor | None = getattr(rotary, f"{layer_type}_inv_freq", None)
-        if inv_freq is None:
-            inv_freq = cast(torch.Tensor, rotary.inv_freq)  # a buffer: torch types module attributes Tensor | Module
-        specs.append(LayerSpec(inv_freq, layout, kwargs.get("sliding_window"), layer_type))
-    return specs
-
-
-def keeps_own_window(spec: LayerSpec, window: int) -> bool:
-    """Whether a layer keeps the model's sliding window in a cache of `window` recent tokens."""
-    # A sliding window no wider than ours is kept as trained. A wider one never binds
-    # inside our cache, so such a layer streams with sinks like a full-attention layer.
-    return spec.sliding_window is not None and spec.sliding_window <= window
 
 
 def build_layers(
@@ -88,15 +48,8 @@ def build_layers(
     return layers, tables
 
 
-def _rotary_module(model: Any) -> torch.nn.Module:
-    for name, module in model.named_modules():
-        if name.endswith("rotary_emb"):
-            return cast(torch.nn.Module, module)  # the model is untyped (Any); named_modules gives modules
-    raise UnsupportedModelError(f"model type '{model.config.model_type}' has no rotary embedding module")
-
-
 class DecodeStorage(NamedTuple):
-    """An open decode step laid out for a kernel that carries it out itself (placement/lean_forward.py): the
+    """An open decode pass laid out for a kernel that carries it out itself (placement/lean_forward.py): the
     rows of one SinkCache (one row) or of a pool (batch.py), each at its own slot and sink shift."""
 
     slots: torch.Tensor  # int64 [rows]: where each row's key and value go
@@ -163,7 +116,7 @@ class _RingLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # transform
         self.dtype = key_states.dtype  # what attention reads them in
         self.device = key_states.device
         self.is_initialized = True
-        # The compiled decode step writes into these in place: CUDA graphs must see fixed addresses.
+        # The compiled decode pass writes into these in place: CUDA graphs must see fixed addresses.
         if not torch.compiler.is_compiling():
             for tensor in self.slot_tensors():
                 torch._dynamo.mark_static_address(tensor)
@@ -187,7 +140,7 @@ class _RingLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # transform
             self.key_scales, self.value_scales = tensors[2], tensors[3]
 
     def stored_tensors(self) -> list[torch.Tensor]:
-        """Every tensor the layer stores into (a compiled step's fixed addresses)."""
+        """Every tensor the layer stores into (a compiled pass's fixed addresses)."""
         return self.slot_tensors()
 
     def encoded(self, keys: torch.Tensor, values: torch.Tensor) -> list[torch.Tensor]:
@@ -201,10 +154,10 @@ class _RingLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # transform
         raise NotImplementedError("sink cache layers are written through SinkCache.update")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        raise NotImplementedError("the sink cache hands its masks to the model (SinkCache.step)")
+        raise NotImplementedError("the sink cache hands its masks to the model (SinkCache.forward_pass)")
 
     def get_seq_length(self) -> int:
-        raise NotImplementedError("positions come from SinkCache.step")
+        raise NotImplementedError("positions come from SinkCache.forward_pass")
 
     def get_max_length(self) -> int:
         return self.slots
@@ -333,15 +286,15 @@ class SinkLayer(_RingLayer):  # type: ignore[no-untyped-call]  # transformers' _
 
     def apply(
         self,
-        step: SinkStep,
+        placement: SinkPlacement,
         key_states: torch.Tensor,
         value_states: torch.Tensor,
         rotation: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> Stored:
-        """Carry out an eager step; `rotation` (cos, sin) places the sinks, None leaves them."""
+        """Carry out an eager pass; `rotation` (cos, sin) places the sinks, None leaves them."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        first, last = step.sink_slots
+        first, last = placement.sink_slots
         to_sinks = last - first
         if to_sinks:
             sink_keys, sink_values = self.exact_sinks()
@@ -350,17 +303,17 @@ class SinkLayer(_RingLayer):  # type: ignore[no-untyped-call]  # transformers' _
             pristine = key_states[:, :, :to_sinks, : self.rotary.rotary_dim].float()
             self.pristine_sinks[:, :, first:last] = pristine
             self.sink_partners[:, :, first:last] = self.rotary.partner(pristine)
-        self.write_runs(self.sinks, step.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:])
+        self.write_runs(self.sinks, placement.window_runs, key_states[:, :, to_sinks:], value_states[:, :, to_sinks:])
         if rotation is not None:
             self.place_sinks(*rotation)
-        stored = self.stored(0, step.extent)
+        stored = self.stored(0, placement.extent)
         if not isinstance(stored, QuantizedWindow):
             return stored
-        # The step's queries see its own tokens as they were computed, as in a full cache (a prompt's first reply
+        # The pass's queries see its own tokens as they were computed, as in a full cache (a prompt's first reply
         # token is then the full cache's after an exact system turn); what was cached before, as it is stored.
         keys, values = stored.widened()
         taken = to_sinks
-        for start, stop in step.window_runs:
+        for start, stop in placement.window_runs:
             span, fed = slice(self.sinks + start, self.sinks + stop), slice(taken, taken + stop - start)
             keys[:, :, span], values[:, :, span] = key_states[:, :, fed], value_states[:, :, fed]
             taken += stop - start
@@ -395,20 +348,20 @@ class SlidingLayer(_RingLayer):  # type: ignore[no-untyped-call]  # transformers
 
     is_sliding = True
 
-    def apply(self, step: SlidingStep, key_states: torch.Tensor, value_states: torch.Tensor) -> Stored:
+    def apply(self, placement: SlidingPlacement, key_states: torch.Tensor, value_states: torch.Tensor) -> Stored:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        tail = slice(step.stored_from, step.incoming)
-        if step.incoming == 1:
+        tail = slice(placement.stored_from, placement.incoming)
+        if placement.incoming == 1:
             # A single query: the ring itself, its mask says which slots it sees.
-            self.write_runs(0, step.runs, key_states, value_states)
-            return self.stored(0, step.extent)
+            self.write_runs(0, placement.runs, key_states, value_states)
+            return self.stored(0, placement.extent)
         # Several queries: the tokens they still see, oldest first, then the new ones (the mask is
         # a banded causal one over this order). Gathered before the new tokens overwrite slots.
-        kept = [widened(self.stored(start, stop)) for start, stop in step.kept]
+        kept = [widened(self.stored(start, stop)) for start, stop in placement.kept]
         keys = torch.cat([pair[0] for pair in kept] + [key_states], dim=2)
         values = torch.cat([pair[1] for pair in kept] + [value_states], dim=2)
-        self.write_runs(0, step.runs, key_states[:, :, tail], value_states[:, :, tail])
+        self.write_runs(0, placement.runs, key_states[:, :, tail], value_states[:, :, tail])
         return keys, values
 
     def decode(self, slot: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, extent: int) -> Stored:

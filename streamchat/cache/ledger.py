@@ -7,13 +7,13 @@ Geometry (StreamingLLM with positions assigned within the cache):
 - The `window` most recent tokens live in a ring of slots; the oldest are evicted.
 - Slots never move. Token t of the window always lives in ring slot (t - sinks) mod
   (window + 1): the ring has one slot more than it may hold, so a new token is always
-  written into a free slot and an eviction only marks a slot unused. A step can then
-  be taken back (a speculative decode step whose token ended the reply) without
+  written into a free slot and an eviction only marks a slot unused. A pass can then
+  be taken back (a speculative decode pass whose token ended the reply) without
   copying anything, and attention finds the cache's tokens through a mask.
 - Window keys are stored rotated at their own position and never re-rotated: the
   window is a contiguous run of the most recent tokens, so its distances to a new
   query are already the in-cache ones. Only the sinks must appear right before the
-  window; they are rotated by `sink_shift` from a pristine copy at each step.
+  window; they are rotated by `sink_shift` from a pristine copy at each pass.
 - Positions grow with the stream. Once they pass `rebase_at`, everything is moved
   back by `sink_shift` in one rotation, rarely enough (at least `window` tokens apart)
   that no token is rotated twice in its lifetime. A rebase may be held off while a
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from streamchat.errors import CacheConfigError, CacheStateError
 
-# A decode step needs one free slot in the window.
+# A decode pass needs one free slot in the window.
 SMALLEST_WINDOW = 1
 # The label of a token fed without one (record.py: the cache keeps each token's label, never reads it).
 NO_LABEL = -1
@@ -43,7 +43,7 @@ class Ring:
     capacity: int
     head: int = 0
     length: int = 0
-    # Slots [0, extent) have been written at least once; eager steps attend over no more.
+    # Slots [0, extent) have been written at least once; eager passes attend over no more.
     extent: int = 0
 
     @property
@@ -110,25 +110,25 @@ class Eviction:
     first_index: int
     last_index: int
     stats: CacheStats
-    # Their ids, oldest first, from the cache's record (record.py) before any step reuses their slots;
+    # Their ids, oldest first, from the cache's record (record.py) before any pass reuses their slots;
     # empty from a ledger alone, which counts tokens without knowing them.
     token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
-class SinkStep:
+class SinkPlacement:
     """Where one forward pass of `incoming` tokens goes in every sink layer."""
 
     incoming: int
     first_position: int  # the rotary position of the first incoming token
-    sink_slots: Run  # where the first tokens of the step go while sinks are still filling
+    sink_slots: Run  # where the first tokens of the pass go while sinks are still filling
     window_runs: tuple[Run, ...]  # ring slots of the remaining tokens, in order
     sink_shift: int
-    extent: int  # ring slots [0, extent) have been written, this step's included
+    extent: int  # slots [0, extent) (sinks, then ring) have been written, this pass's included
 
 
 @dataclass(frozen=True)
-class SlidingStep:
+class SlidingPlacement:
     """What every layer with the model's own sliding window does with one forward pass."""
 
     incoming: int
@@ -147,7 +147,7 @@ class StreamLedger:
             raise CacheConfigError(f"sinks={sinks!r}: must be a whole number >= 0")
         if isinstance(window, bool) or not isinstance(window, int) or window < SMALLEST_WINDOW:
             raise CacheConfigError(
-                f"window={window!r}: must be a whole number >= {SMALLEST_WINDOW} (a decode step needs one slot)"
+                f"window={window!r}: must be a whole number >= {SMALLEST_WINDOW} (a decode pass needs one slot)"
             )
         self.sinks = sinks
         self.window = window
@@ -223,7 +223,7 @@ class StreamLedger:
 
     @property
     def max_shift(self) -> int:
-        """The largest sink shift a step can need: a held rebase defers by at most the ring's slots."""
+        """The largest sink shift a pass can need: a held rebase defers by at most the ring's slots."""
         return self.rebase_at + self.ring.slots + self.window
 
     def stats(self) -> CacheStats:
@@ -239,12 +239,12 @@ class StreamLedger:
     def split(self, incoming: int) -> tuple[int, int]:
         """How many of `incoming` tokens become sinks, and how many enter the window."""
         if isinstance(incoming, bool) or not isinstance(incoming, int) or incoming < 1:
-            raise CacheConfigError(f"incoming={incoming!r}: a step feeds at least one token")
+            raise CacheConfigError(f"incoming={incoming!r}: a pass feeds at least one token")
         to_sinks = min(incoming, self.sinks - self.sinks_held)
         to_window = incoming - to_sinks
         if to_window > self.window:
             raise CacheConfigError(
-                f"{incoming} tokens in one step do not fit a window of {self.window}: "
+                f"{incoming} tokens in one pass do not fit a window of {self.window}: "
                 f"feed at most {self.window} at a time (a Reading, generation/prompt_reading.py, chunks for you)"
             )
         return to_sinks, to_window
@@ -273,7 +273,7 @@ class StreamLedger:
             self.skipped += count
             self.last_forgotten_label = label
 
-    def step(self, incoming: int) -> SinkStep:
+    def place(self, incoming: int) -> SinkPlacement:
         """Assign slots to `incoming` tokens and advance the clock; the window must have room."""
         to_sinks, to_window = self.split(incoming)
         if self.ring.length + to_window > self.window:
@@ -283,7 +283,7 @@ class StreamLedger:
         self.sinks_held += to_sinks
         window_runs = self.ring.push(to_window)
         self.seen += incoming
-        return SinkStep(
+        return SinkPlacement(
             incoming=incoming,
             first_position=first_position,
             sink_slots=sink_slots,
@@ -322,14 +322,14 @@ class SlidingLedger:
         """Old tokens the next query can still see."""
         return min(self.ring.length, self.sliding_window - 1)
 
-    def step(self, incoming: int) -> SlidingStep:
-        """The ring keeps the newest `sliding_window` tokens; the step's queries see the last ones before."""
+    def place(self, incoming: int) -> SlidingPlacement:
+        """The ring keeps the newest `sliding_window` tokens; the pass's queries see the last ones before."""
         kept = self.kept
         kept_runs = self.ring.runs((self.ring.head + self.ring.length - kept) % self.ring.slots, kept)
         stored = min(incoming, self.ring.capacity)
         freed = self.ring.pop(max(0, self.ring.length + stored - self.ring.capacity))
         runs = self.ring.push(stored)
-        return SlidingStep(
+        return SlidingPlacement(
             incoming=incoming,
             kept=kept_runs,
             freed=freed,

@@ -2,8 +2,8 @@
 
 The ledgers (ledger.py) keep the cache's bookkeeping in Python ints on the host. The
 device needs part of it as tensors (Occupancy): attention masks come from which slots hold
-tokens, the repetition penalty from which tokens those are, and a decode step reads
-its slots and angles from `scalars`, so that one compiled graph serves every step.
+tokens, the repetition penalty from which tokens those are, and a decode pass reads
+its slots and angles from `scalars`, so that one compiled graph serves every pass.
 
 Slots never move, so attention finds the cache's tokens through a mask rather than
 through their order: a row per query, a column per slot (or per key handed over), in
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from streamchat.cache.ledger import Run, SlidingLedger, StreamLedger
+from streamchat.cache.ledger import Run, SinkPlacement, SlidingLedger, SlidingPlacement, StreamLedger
 from streamchat.errors import CacheStateError
 
 # The name streamchat's own attention (placement/attention.py) is registered under in transformers.
@@ -64,7 +64,7 @@ def for_layers(
     boolean: bool,
     dtype: torch.dtype,
 ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """A step's 4D masks (per_layer_type) from boolean masks [keys] (one query) or [queries, keys]."""
+    """A pass's 4D masks (per_layer_type) from boolean masks [keys] (one query) or [queries, keys]."""
 
     def made(mask: torch.Tensor) -> torch.Tensor:
         return for_attention(mask if mask.dim() == 2 else mask[None], boolean, dtype)
@@ -79,14 +79,14 @@ def per_layer_type(
     `layer_types` says of each type whether it keeps the model's own window (and takes `sliding`)."""
     kinds = set(layer_types.values())
     if sliding is None and True in kinds:
-        raise CacheStateError("layers keep the model's sliding window, but the step has no sliding mask")
+        raise CacheStateError("layers keep the model's sliding window, but the pass has no sliding mask")
     made = {False: full} if sliding is None else {False: full, True: sliding}
     if len(kinds) == 1:
         return made[kinds.pop()]
     return {name: made[own] for name, own in layer_types.items()}
 
 
-# What a decode step reads from `Occupancy.scalars`, written by the host before the step.
+# What a decode pass reads from `Occupancy.scalars`, written by the host before the pass.
 POSITION, SINK_SHIFT, WRITE, FREE, SLIDING_WRITE, SLIDING_FREE = range(6)
 
 
@@ -104,7 +104,7 @@ class Occupancy:
         return [self.held, self.sliding_held, self.token_ids, self.scalars]
 
     def sync(self, ledger: StreamLedger, sliding: SlidingLedger | None) -> None:
-        """Mark the slots the ledgers say are held, from scratch (eager, between steps)."""
+        """Mark the slots the ledgers say are held, from scratch (eager, between passes)."""
         self.held.zero_()
         self.held[: ledger.sinks_held] = True
         for start, stop in ledger.ring.held():
@@ -118,12 +118,35 @@ class Occupancy:
         """The tokens token_ids [n] now sit in slots [n]."""
         self.token_ids[slots] = token_ids.to(self.device)
 
-    def send(self, values: list[int]) -> None:
-        """A decode step's slots and angles, from the host (without waiting for the device)."""
+    def pass_masks(
+        self, placement: SinkPlacement, sliding: SlidingPlacement | None, new_slots: torch.Tensor, sliding_window: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An eager pass's boolean masks, its tokens in `new_slots` [n] already held: over the sink layers' written
+        slots ([slots] for one token, else chunk_mask's), and the sliding layers' (their ring for one token, else a
+        banded causal mask over the old tokens the queries still see, then the new ones)."""
+        incoming = new_slots.numel()
+        held = self.held[: placement.extent]
+        full = held if incoming == 1 else chunk_mask(held, new_slots)
+        if sliding is None:
+            return full, None
+        if incoming == 1:
+            return full, self.sliding_held[: sliding.extent]
+        kept = sum(stop - start for start, stop in sliding.kept)
+        return full, banded_causal(kept, incoming, sliding_window, self.device)
+
+    def send_decode(
+        self, position: int, sink_shift: int, write: int, freed: int | None, sliding: SlidingPlacement | None
+    ) -> None:
+        """A decode pass's position, sink shift and slots (the one it writes, the one its eviction freed if any, the
+        sliding ring's), from the host without waiting for the device."""
+        values = [position, sink_shift, write, write if freed is None else freed, 0, 0]
+        if sliding is not None:
+            values[SLIDING_WRITE] = sliding.runs[0][0]
+            values[SLIDING_FREE] = sliding.freed[0][0] if sliding.freed else values[SLIDING_WRITE]
         self.scalars.copy_(torch.tensor(values), non_blocking=True)
 
-    def take_decode_step(self, token: torch.Tensor) -> None:
-        """On the device, inside the step: the freed slots leave, token [1, 1] takes the written one."""
+    def take_token(self, token: torch.Tensor) -> None:
+        """On the device, inside a decode pass: the freed slot leaves, token [1, 1] takes the written one."""
         scalars = self.scalars
         self.held.index_fill_(0, self.slot(FREE), False)
         self.held.index_fill_(0, self.slot(WRITE), True)

@@ -4,7 +4,7 @@
     dequantize(levels, scales, torch.bfloat16)   # back: levels * scale, rounded once to the dtype
 
 At a full cache the window is as many bytes as the default model's weights (4 + 2000
-slots x 30 layers x 3 heads x 64 x 2 x 2 bytes: 46 MB), and a decode step reads all of
+slots x 30 layers x 3 heads x 64 x 2 x 2 bytes: 46 MB), and a decode pass reads all of
 it. In int8 with a scale per token and head it is 64 + 4 bytes a head's vector against
 128 in bfloat16. The scale is symmetric (|x| <= 127 * scale, no zero point): keys and
 values of a head are centred near zero, and a scale per token (rather than per channel)

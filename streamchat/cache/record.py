@@ -2,16 +2,16 @@
 
 The ledger (ledger.py) says which slots hold tokens; the record says which tokens, and
 who fed them: a label the feeder chooses and the cache never reads (a conversation's
-transcript message index). Host ints, written as a step assigns its slots, one entry a
-token. The device keeps the same ids for the steps that read them there (masks.py: Occupancy);
+transcript message index). Host ints, written as a pass assigns its slots, one entry a
+token. The device keeps the same ids for the passes that read them there (masks.py: Occupancy);
 the host's are what a view, an eviction's text and a saved state read, without waiting
 for the device.
 
-A decode step feeds a device tensor, so the host may learn its token a step late
+A decode pass feeds a device tensor, so the host may learn its token a pass late
 (SinkCache.learn_token); until then its slot says UNREAD.
 
-Only held slots mean anything. A step writes free slots only and an eviction only moves
-the ledger, so taking steps back (snapshots.py) needs the ledger alone, as the keys do;
+Only held slots mean anything. A pass writes free slots only and an eviction only moves
+the ledger, so taking passes back (snapshots.py) needs the ledger alone, as the keys do;
 the ledger also counts what was forgotten (`evicted`, `skipped`, `last_forgotten_label`).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from streamchat.cache.ledger import NO_LABEL, Run, StreamLedger
 from streamchat.errors import CacheStateError
 
-# A decode step's token id until the host reads it back.
+# A decode pass's token id until the host reads it back.
 UNREAD = -1
 
 

@@ -5,7 +5,7 @@ by shift * inv_freq. The angles are computed in float64 from the model's own
 frequencies (so they agree with the model's rotation), the product in float32, and
 the caller rounds once to the storage dtype.
 
-Every shift a cache can meet has a precomputed row, so a decode step looks its cos and
+Every shift a cache can meet has a precomputed row, so a decode pass looks its cos and
 sin up with a device tensor index: no host round trip, no table edge to fall off.
 """
 
@@ -70,10 +70,6 @@ class RotaryTable:
             angles = torch.arange(self.max_shift + 1, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
             table = self._tables[device] = (angles.cos().float().to(device), angles.sin().float().to(device))
         return table
-
-    def check(self, shift: int) -> None:
-        if abs(shift) > self.max_shift:
-            raise CacheConfigError(f"a sink shift of {shift} is past the rotary table ({self.max_shift})")
 
     def _laid_out(self, half: torch.Tensor) -> torch.Tensor:
         """Frequencies [rotary_dim / 2] spread over the rotary dims as the layout pairs them."""

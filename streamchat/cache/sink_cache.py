@@ -4,21 +4,21 @@
     logits, eviction = forward(model, cache, input_ids, label=0)   # streamchat.cache.feeding: forever
     cache.held_tokens()                    # what the model sees now, each token with its label (record.py)
 
-Each forward pass is one step of the cache, taken in one call:
+Each forward pass of the model through the cache is opened in one call:
 
-    with cache.step(input_ids, label) as step:   # room made (step.eviction: what left), slots, positions assigned
-        model(input_ids=input_ids, cache=cache, position_ids=step.inputs.position_ids,
-              attention_mask=step.inputs.attention_mask)   # the layers write through `update`
+    with cache.forward_pass(input_ids, label) as opened:   # room made (opened.eviction), slots and positions
+        model(input_ids=input_ids, cache=cache, position_ids=opened.inputs.position_ids,
+              attention_mask=opened.inputs.attention_mask)   # the layers write through `update`
 
-Leaving the block closes the step; an exception from the model leaves the cache torn
-(is_consistent() is False) until it is reset. A decode step into a cache whose sinks
+Leaving the block closes the pass; an exception from the model leaves the cache torn
+(is_consistent() is False) until it is reset. A one-token pass into a cache whose sinks
 are full can instead be taken with device tensors only, so its shapes never change and
-it compiles to one graph: `with cache.decode_step(label) as eviction:` plans it on the
+it compiles to one graph: `with cache.decode_pass(label) as eviction:` plans it on the
 host, and the block runs `decode_inputs(token)` and the model, device work only; the host
-names its token when it reads it back (`learn_token`), unless it knew it before the step.
+names its token when it reads it back (`learn_token`), unless it knew it before the pass.
 
-A step makes the room it needs. `evict_for_space(n)` makes room ahead, for a caller
-that wants more than the next step needs (the paper's per-turn policy).
+A pass makes the room it needs. `evict_for_space(n)` makes room ahead, for a caller
+that wants more than the next pass needs (the paper's per-turn policy).
 """
 
 from __future__ import annotations
@@ -32,45 +32,38 @@ import torch
 from transformers.cache_utils import Cache
 
 from streamchat.cache import masks
-from streamchat.cache.layers import (
-    DecodeStorage,
-    LayerSpec,
-    SinkLayer,
-    SlidingLayer,
-    build_layers,
-    keeps_own_window,
-    layer_specs,
-)
+from streamchat.cache.architectures import LayerSpec, keeps_own_window, layer_specs
+from streamchat.cache.layers import DecodeStorage, SinkLayer, SlidingLayer, build_layers
 from streamchat.cache.ledger import (
     NO_LABEL,
     CacheStats,
     Eviction,
     Run,
-    SinkStep,
+    SinkPlacement,
     SlidingLedger,
-    SlidingStep,
+    SlidingPlacement,
     StreamLedger,
     known_sliding,
 )
-from streamchat.cache.masks import POSITION, SINK_SHIFT, SLIDING_FREE, SLIDING_WRITE, WRITE, Occupancy, slot_index
+from streamchat.cache.masks import POSITION, SINK_SHIFT, SLIDING_WRITE, WRITE, Occupancy, slot_index
 from streamchat.cache.quantized_kv import FULL, KVFormat, Stored, checked_format, kv_format_of, widened
 from streamchat.cache.record import UNREAD, HeldTokens, SlotRecord
 from streamchat.errors import CacheStateError, UnsupportedModelError
 
-DECODE = "decode"  # what _step holds during a decode step taken with device tensors
+DECODE = "decode"  # what _open_pass holds during a decode pass taken with device tensors
 
 
-class StepInputs(NamedTuple):
-    """What the model runs one step with, besides the input ids and the cache."""
+class PassInputs(NamedTuple):
+    """What the model runs one pass with, besides the input ids and the cache."""
 
     position_ids: torch.Tensor  # [1, n]
     attention_mask: torch.Tensor | dict[str, torch.Tensor]  # 4D, or one per layer type
 
 
-class Step(NamedTuple):
+class ForwardPass(NamedTuple):
     """An open forward pass: what the model runs with, and what the cache evicted to make room for it."""
 
-    inputs: StepInputs
+    inputs: PassInputs
     eviction: Eviction | None  # None: nothing had to leave
 
 
@@ -101,17 +94,17 @@ class SinkCache(Cache):
         self.ring_layers: list[SinkLayer | SlidingLayer] = layers  # `layers` itself, typed as what it holds
         sink_layers = [layer for layer in layers if isinstance(layer, SinkLayer)]
         self._sink_layers = sink_layers if len(sink_layers) == len(layers) else None  # None: a layer slides
-        # Which table each layer rotates with, by index (plain ints: fine inside a compiled step).
+        # Which table each layer rotates with, by index (plain ints: fine inside a compiled pass).
         self._table_of = [self.tables.index(layer.rotary) for layer in layers]
         self.layer_types = {spec.layer_type: keeps_own_window(spec, window) for spec in specs}
         self.boolean_masks = attention in masks.BOOLEAN_MASK_ATTENTION
         self.mask_dtype = dtype
         self.device = torch.device(device)
-        self.static_extent = False  # decode steps attend over every slot (set for compiled steps)
+        self.static_extent = False  # decode passes attend over every slot (set for compiled ones)
         self.occupancy = Occupancy(self.ledger.slots, self.sliding.slots if self.sliding else 0, self.device)
         self.record = SlotRecord.empty(self.ledger.slots)  # each sink-layer slot's token and label, on the host
-        self._step: SinkStep | str | None = None
-        self._sliding_step: SlidingStep | None = None
+        self._open_pass: SinkPlacement | str | None = None
+        self._sliding_placement: SlidingPlacement | None = None
         self._rotation: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table index -> (cos, sin)
         self._placed_shift: int | None = None  # the shift the sinks sit at, None: unknown
         self._freed: list[Run] = []  # ring slots evicted since the occupancy was last brought up to date
@@ -150,8 +143,8 @@ class SinkCache(Cache):
     def evict_for_space(self, incoming: int) -> Eviction | None:
         """Make room ahead: drop the oldest window tokens so that `incoming` more tokens fit; sinks stay.
 
-        A step makes the room it needs itself and returns what that evicted. Call this only
-        to make more room than the next step needs: the paper's per-turn policy makes room
+        A pass makes the room it needs itself and returns what that evicted. Call this only
+        to make more room than the next pass needs: the paper's per-turn policy makes room
         for a prompt and its reply at once (TokenLoop.prefill's `reply_room`).
         """
         count = self.ledger.overflow(incoming)
@@ -160,7 +153,7 @@ class SinkCache(Cache):
         eviction = self.ledger.evict(count)
         if eviction is None:
             return None
-        # Read before any step reuses the slots: the tokens that left, for whoever shows or recalls them.
+        # Read before any pass reuses the slots: the tokens that left, for whoever shows or recalls them.
         token_ids, labels = self.record.read(self._physical(freed))
         self.ledger.last_forgotten_label = labels[-1]
         return dataclasses.replace(eviction, token_ids=tuple(token_ids))
@@ -180,7 +173,7 @@ class SinkCache(Cache):
         self.record.put_held(self.ledger, held)
 
     def learn_token(self, token_id: int) -> None:
-        """The id of the newest token, read back on the host after a decode step fed it from the device."""
+        """The id of the newest token, read back on the host after a decode pass fed it from the device."""
         self.record.token_ids[self.ledger.newest_slot] = token_id
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -189,10 +182,10 @@ class SinkCache(Cache):
 
     def is_consistent(self) -> bool:
         """False when a forward pass stopped half way (some layers missed it): reset, then refill."""
-        return self._step is None
+        return self._open_pass is None
 
     @contextmanager
-    def step(self, input_ids: torch.Tensor, label: int = NO_LABEL) -> Iterator[Step]:
+    def forward_pass(self, input_ids: torch.Tensor, label: int = NO_LABEL) -> Iterator[ForwardPass]:
         """One forward pass of input_ids [1, n], each token recorded with `label`: the model runs inside the
         block, under inference mode.
 
@@ -203,42 +196,42 @@ class SinkCache(Cache):
         """
         with torch.inference_mode():
             eviction = self._open(input_ids.shape[-1])
-            yield Step(self._frame(input_ids, label), eviction)
+            yield ForwardPass(self._frame(input_ids, label), eviction)
             self._close()
 
     @contextmanager
-    def decode_step(self, label: int = NO_LABEL, token_id: int = UNREAD) -> Iterator[Eviction | None]:
+    def decode_pass(self, label: int = NO_LABEL, token_id: int = UNREAD) -> Iterator[Eviction | None]:
         """One token's forward pass with device tensors only, once the sinks are full; yields its eviction.
 
-        Entering plans the step on the host and hands its slots and angles to the device (no
+        Entering plans the pass on the host and hands its slots and angles to the device (no
         sync). The block then runs `decode_inputs(token)` and the model, device work only, the
-        same every step (compilable), under inference mode. Leaving closes the pass; an
-        exception from the block leaves the cache torn, as in step(). The token is recorded
+        same every pass (compilable), under inference mode. Leaving closes the pass; an
+        exception from the block leaves the cache torn, as in forward_pass(). The token is recorded
         with `label`, and with `token_id` when the host knows it already (else learn_token()).
         """
         if not self.ledger.sinks_full:
-            raise CacheStateError("a decode step needs the sinks filled first; feed through cache.step")
+            raise CacheStateError("a decode pass needs the sinks filled first; feed through cache.forward_pass")
         with torch.inference_mode():
             eviction = self._open(1)
             self._plan_decode(label, token_id)
             yield eviction
             self._close()
 
-    def decode_inputs(self, token: torch.Tensor) -> StepInputs:
-        """The device half of a decode step for token [1, 1]: tensor operations only, the same every step."""
+    def decode_inputs(self, token: torch.Tensor) -> PassInputs:
+        """The device half of a decode pass for token [1, 1]: tensor operations only, the same every pass."""
         occupancy = self.occupancy
-        occupancy.take_decode_step(token)
+        occupancy.take_token(token)
         self._rotation = self._sink_rotation(occupancy.scalars[SINK_SHIFT])
         sliding = occupancy.sliding_held[: self._decode_extent(sliding=True)] if self.sliding is not None else None
         full = occupancy.held[: self._decode_extent(sliding=False)]
         position_ids = occupancy.slot(POSITION).reshape(1, 1)
-        return StepInputs(position_ids, self._masks(full, sliding))
+        return PassInputs(position_ids, self._masks(full, sliding))
 
     def decode_storage(self) -> DecodeStorage | None:
-        """The open decode step's storage as one row, for a kernel that writes every layer itself; None outside
-        a decode step, or where a layer slides or layers rotate by more than one table."""
+        """The open decode pass's storage as one row, for a kernel that writes every layer itself; None outside
+        a decode pass, or where a layer slides or layers rotate by more than one table."""
         layers = self._sink_layers
-        if self._step != DECODE or len(self._rotation) != 1 or layers is None:
+        if self._open_pass != DECODE or len(self._rotation) != 1 or layers is None:
             return None
         ((cos, sin),) = self._rotation.values()
         return DecodeStorage.of(
@@ -253,7 +246,7 @@ class SinkCache(Cache):
         )
 
     def mark_static(self) -> None:
-        """Give the storage fixed addresses for CUDA graphs, which a compiled decode step writes into."""
+        """Give the storage fixed addresses for CUDA graphs, which a compiled decode pass writes into."""
         for tensor in self.occupancy.tensors():
             torch._dynamo.mark_static_address(tensor)
         for layer in self.ring_layers:
@@ -271,23 +264,23 @@ class SinkCache(Cache):
         """update() for attention that reads an int8 window as it is stored (placement/attention.py): the keys
         and values attention reads, or, in an int8 cache, their QuantizedWindow."""
         layer = self.ring_layers[layer_idx]
-        step = self._step
-        if step == DECODE:
+        opened = self._open_pass
+        if opened == DECODE:
             if isinstance(layer, SlidingLayer):
                 write = self.occupancy.slot(SLIDING_WRITE)
                 return layer.decode(write, key_states, value_states, self._decode_extent(sliding=True))
             rotation = self._rotation[self._table_of[layer_idx]]
             extent = self._decode_extent(sliding=False)
             return layer.decode(self.occupancy.slot(WRITE), key_states, value_states, rotation, extent)
-        if not isinstance(step, SinkStep):  # None: no step open
-            raise CacheStateError("the sink cache was updated outside a step: call the model through cache.feeding")
-        if step.incoming != key_states.shape[-2]:
-            raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a step of {step.incoming}")
+        if not isinstance(opened, SinkPlacement):  # None: no pass open
+            raise CacheStateError("the sink cache was updated outside a pass: call the model through cache.feeding")
+        if opened.incoming != key_states.shape[-2]:
+            raise CacheStateError(f"layer {layer_idx} got {key_states.shape[-2]} tokens in a pass of {opened.incoming}")
         if isinstance(layer, SlidingLayer):
-            if self._sliding_step is None:
-                raise CacheStateError(f"sliding layer {layer_idx} was updated in a step without a sliding ledger")
-            return layer.apply(self._sliding_step, key_states, value_states)
-        return layer.apply(step, key_states, value_states, self._rotation.get(self._table_of[layer_idx]))
+            if self._sliding_placement is None:
+                raise CacheStateError(f"sliding layer {layer_idx} was updated in a pass without a sliding ledger")
+            return layer.apply(self._sliding_placement, key_states, value_states)
+        return layer.apply(opened, key_states, value_states, self._rotation.get(self._table_of[layer_idx]))
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         raise CacheStateError("the sink cache hands the model its masks: call the model through cache.feeding")
@@ -316,8 +309,8 @@ class SinkCache(Cache):
     # ---- for snapshots (snapshots.py) ---------------------------------------------------
 
     def settle(self) -> None:
-        """After the ledgers were replaced: no step open, the sinks to be placed again, the occupancy redone."""
-        self._step = self._sliding_step = None
+        """After the ledgers were replaced: no pass open, the sinks to be placed again, the occupancy redone."""
+        self._open_pass = self._sliding_placement = None
         self._placed_shift = None
         self._sync_occupancy()
 
@@ -332,7 +325,7 @@ class SinkCache(Cache):
     # ---- internals ----------------------------------------------------------------------
 
     def _open(self, incoming: int) -> Eviction | None:
-        """Start a step of `incoming` tokens: room first, then a rebase if one is due; return the eviction."""
+        """Open a pass of `incoming` tokens: room first, then a rebase if one is due; return the eviction."""
         if not self.is_consistent():
             raise CacheStateError("a forward pass stopped half way (some layers missed it): reset the cache")
         eviction = self.evict_for_space(incoming)
@@ -340,54 +333,43 @@ class SinkCache(Cache):
             self.rebase()
         return eviction
 
-    def _frame(self, input_ids: torch.Tensor, label: int) -> StepInputs:
-        """Assign slots and positions to input_ids [1, n] (room made), record them, build the step's inputs."""
+    def _frame(self, input_ids: torch.Tensor, label: int) -> PassInputs:
+        """Assign slots and positions to input_ids [1, n] (room made), record them, build the pass's inputs."""
         incoming = input_ids.shape[-1]
-        sink_step = self.ledger.step(incoming)
-        sliding_step = self.sliding.step(incoming) if self.sliding is not None else None
-        self._step, self._sliding_step = sink_step, sliding_step
-        runs = [sink_step.sink_slots, *self._physical(sink_step.window_runs)]
+        placement = self.ledger.place(incoming)
+        sliding = self.sliding.place(incoming) if self.sliding is not None else None
+        self._open_pass, self._sliding_placement = placement, sliding
+        runs = [placement.sink_slots, *self._physical(placement.window_runs)]
         new_slots = slot_index(runs, self.device)
         self.record.write(runs, input_ids[0].tolist(), [label] * incoming)
         self._sync_occupancy()
         self.occupancy.record(new_slots, input_ids[0])
-        self._rotation = self._sink_rotation() if self._placed_shift != sink_step.sink_shift else {}
-        held = self.occupancy.held[: sink_step.extent]
-        full = held if incoming == 1 else masks.chunk_mask(held, new_slots)
-        sliding = None
-        if sliding_step is not None:
-            if incoming == 1:
-                sliding = self.occupancy.sliding_held[: sliding_step.extent]
-            else:
-                kept = sum(stop - start for start, stop in sliding_step.kept)
-                sliding = masks.banded_causal(kept, incoming, known_sliding(self.sliding).sliding_window, self.device)
-        positions = torch.arange(sink_step.first_position, sink_step.first_position + incoming, device=self.device)
-        return StepInputs(positions[None], self._masks(full, sliding))
+        self._rotation = self._sink_rotation() if self._placed_shift != placement.sink_shift else {}
+        window = self.sliding.sliding_window if self.sliding is not None else 0
+        full, sliding_mask = self.occupancy.pass_masks(placement, sliding, new_slots, window)
+        positions = torch.arange(placement.first_position, placement.first_position + incoming, device=self.device)
+        return PassInputs(positions[None], self._masks(full, sliding_mask))
 
     def _plan_decode(self, label: int, token_id: int) -> None:
-        """Plan a one-token step (room made) on the host, record it, send its slots and angles to the device."""
+        """Plan a one-token pass (room made) on the host, record it, send its slots and angles to the device."""
         if sum(stop - start for start, stop in self._freed) > 1:
-            self._sync_occupancy()  # more than one token left since the last step: catch up here, eagerly
+            self._sync_occupancy()  # more than one token left since the last pass: catch up here, eagerly
         freed = self.sinks + self._freed[0][0] if self._freed else None
-        step = self.ledger.step(1)
-        write = self.sinks + step.window_runs[0][0]
+        placement = self.ledger.place(1)
+        write = self.sinks + placement.window_runs[0][0]
         self.record.write([(write, write + 1)], [token_id], [label])
-        values = [step.first_position, step.sink_shift, write, write if freed is None else freed, 0, 0]
-        if self.sliding is not None:
-            sliding_step = self.sliding.step(1)
-            values[SLIDING_WRITE] = sliding_step.runs[0][0]
-            values[SLIDING_FREE] = sliding_step.freed[0][0] if sliding_step.freed else values[SLIDING_WRITE]
+        sliding = self.sliding.place(1) if self.sliding is not None else None
         self._freed = []
-        self.occupancy.send(values)
-        self._step = DECODE
+        self.occupancy.send_decode(placement.first_position, placement.sink_shift, write, freed, sliding)
+        self._open_pass = DECODE
 
     def _close(self) -> None:
-        """Close the step once every layer has written."""
-        if self._step == DECODE:
-            self._placed_shift = None  # a decode step places the sinks itself, at a shift only the device saw
-        elif isinstance(self._step, SinkStep) and self._rotation:
-            self._placed_shift = self._step.sink_shift
-        self._step = self._sliding_step = None
+        """Close the pass once every layer has written."""
+        if self._open_pass == DECODE:
+            self._placed_shift = None  # a decode pass places the sinks itself, at a shift only the device saw
+        elif isinstance(self._open_pass, SinkPlacement) and self._rotation:
+            self._placed_shift = self._open_pass.sink_shift
+        self._open_pass = self._sliding_placement = None
 
     def _physical(self, ring_runs: Sequence[Run]) -> list[Run]:
         """Runs of ring slots as physical slots of the sink layers (the sinks come first)."""
@@ -398,7 +380,7 @@ class SinkCache(Cache):
         self._freed = []
 
     def _sink_rotation(self, shift: torch.Tensor | None = None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin of the step's sink shift, once per rotary geometry, for every sink layer."""
+        """cos and sin of the pass's sink shift, once per rotary geometry, for every sink layer."""
         if shift is None:
             if not self.ledger.sinks_full:
                 return {}

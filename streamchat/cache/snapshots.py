@@ -1,14 +1,14 @@
 """A sink cache as it was at one moment: one snapshot type, to go back to it or to save it.
 
-    CacheSnapshot.take(cache)             the bookkeeping: takes back decode steps (a guessed token)
+    CacheSnapshot.take(cache)             the bookkeeping: takes back decode passes (a guessed token)
     CacheSnapshot.take(cache, reach=n)    and the slots n tokens can write: takes back a reply (/regen)
     CacheSnapshot.whole(cache)            every slot written: parks a conversation
     snapshot.restore(cache)               back to it; the snapshot stays valid for another restore
     snapshot.tensors()                    a whole one as named CPU tensors, for safetensors
     CacheSnapshot.from_tensors(t, cache)  read back, checked against the cache before it writes anything
 
-A decode step writes a free slot and evicts by bookkeeping alone (ledger.py), so restoring
-the ledgers takes such steps back exactly, the record of each slot's token (record.py)
+A decode pass writes a free slot and evicts by bookkeeping alone (ledger.py), so restoring
+the ledgers takes such passes back exactly, the record of each slot's token (record.py)
 included. A longer run of tokens can overwrite held slots: the snapshot saves as many slots
 as the run can write (not the whole cache), the sinks and the record.
 
@@ -56,7 +56,7 @@ class SavedSlots:
 
 @dataclass(frozen=True)
 class CacheSnapshot:
-    """The ledgers between two steps, and the contents of the slots that what follows may write."""
+    """The ledgers between two passes, and the contents of the slots that what follows may write."""
 
     ledger: StreamLedger
     sliding: SlidingLedger | None
@@ -66,7 +66,7 @@ class CacheSnapshot:
     @classmethod
     @torch.inference_mode()
     def take(cls, cache: SinkCache, reach: int = 0) -> CacheSnapshot:
-        """The cache before steps that feed at most `reach` tokens (0: decode steps, taken back one at a time)."""
+        """The cache before passes that feed at most `reach` tokens (0: decode passes, taken back one at a time)."""
         if cache.ledger.rebase_due:
             cache.rebase()
         if reach == 0:

@@ -3,6 +3,8 @@
     index = RecallIndex()
     index.add(2, "user", "My sister's name is Ilse.")        # message 2 was evicted
     found = index.search("What is my sister's name?")         # [Passage(...)], best first, above the bar
+    # A session's search: the messages its cache forgot (a CacheView) indexed as they leave it.
+    found = index.search_forgotten(transcript, view, recalled, "What is my sister's name?")
     note = recall_note(found, count_tokens, budget=96)         # RecalledNote, or None when nothing fits
     fed_text("What is my sister's name?", note)                # what the chat template renders for the turn
 
@@ -34,10 +36,16 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from streamchat import defaults
 from streamchat.conversation.message import Message
 from streamchat.conversation.state import RecalledNote
+from streamchat.generation.events import Recalled
+
+if TYPE_CHECKING:
+    from streamchat.conversation.template import ChatFormat
+    from streamchat.generation.cache_view import CacheView
 
 # BM25's usual constants: term frequency saturation and length normalisation.
 _K1 = 1.2
@@ -125,6 +133,31 @@ class RecallIndex:
                 postings = self._postings.setdefault(word, {})
                 postings[number] = postings.get(number, 0) + 1
 
+    def search_forgotten(
+        self,
+        transcript: list[Message],
+        view: CacheView,
+        recalled: dict[int, RecalledNote],
+        query: str,
+        bar: float = defaults.RECALL_MIN_RELEVANCE,
+    ) -> list[Passage]:
+        """The passages of the messages the cache forgot (`view`) relevant to `query`, best first; each message of
+        `transcript` is indexed as it leaves the cache. What a note still in the window brought back (`recalled`,
+        by the message it was read with) is left out: the model still sees it."""
+        partly = view.partly_forgotten_message
+        evicted = min(view.forgotten_messages if partly is None else partly + 1, len(transcript))
+        for number in range(self.indexed_messages, evicted):
+            self.add(number, transcript[number]["role"], transcript[number]["content"])
+        in_view = {message for at, note in recalled.items() if at >= evicted for message in note.messages}
+        return [found for found in self.search(query, bar) if found.message < evicted and found.message not in in_view]
+
+    def kept_for(self, before: list[Message], after: list[Message]) -> RecallIndex:
+        """This index for the conversation `after` when it begins with every message indexed of `before` (the same
+        conversation again: a benchmark's probe taken back), else a new, empty one."""
+        indexed = self.indexed_messages
+        same = len(after) >= indexed and before[:indexed] == after[:indexed]
+        return self if same else RecallIndex()
+
     def search(self, query: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
         """The passages relevant to `query`, best BM25 score first: those that hold at least `bar` of the query's
         word weight (the idf of the query's words they contain over that of all its words; a word found in a
@@ -157,6 +190,11 @@ class RecallIndex:
                 passage = self.passages[number]
                 found.append(Passage(passage.message, passage.role, passage.text, relevance))
         return found
+
+
+def note_budget(window: int) -> int:
+    """How many tokens a note may take in a cache of `window` tokens: a share of it, never above the budget."""
+    return min(defaults.RECALL_TOKEN_BUDGET, int(window * defaults.RECALL_WINDOW_SHARE))
 
 
 def recall_note(
@@ -196,6 +234,19 @@ def fed_messages(messages: list[Message], recalled: dict[int, RecalledNote]) -> 
         else message
         for index, message in enumerate(messages)
     ]
+
+
+def fed_ids(chat_format: ChatFormat, messages: list[Message], recalled: dict[int, RecalledNote]) -> list[list[int]]:
+    """Each message's tokens as the cache reads them in `chat_format`: each user message with its note."""
+    return chat_format.conversation_ids(fed_messages(messages, recalled))
+
+
+def recalled_event(chat_format: ChatFormat, user_text: str, note: RecalledNote) -> Recalled:
+    """What the UI is told of `note`: how many messages it brings back, from which turns, how many tokens it adds
+    to the user's turn."""
+    with_note = chat_format.prompt_ids(fed_text(user_text, note), first_turn=False)
+    tokens = len(with_note) - len(chat_format.prompt_ids(user_text, first_turn=False))
+    return Recalled(len(note.messages), tuple(turn_numbers(note.messages)), tokens)
 
 
 def turn_numbers(messages: Iterable[int]) -> list[int]:

@@ -18,7 +18,8 @@ streamchat.storage.
 
 The calls the app makes of a conversation are declared in streamchat.conversation.calls
 (`Conversation`), which a session answers with the driver that runs its moves
-(streamchat.conversation.driven: DrivenSession).
+(streamchat.conversation.driven: DrivenSession). A reply may call tools (a server reads them from its text:
+settle_tool_calls); answer_tool_results feeds their results as chat() feeds a user message.
 
     session = ChatSession(model, tokenizer, SessionOptions())
     driver = Driver(Engine(model))
@@ -38,8 +39,16 @@ from streamchat import defaults
 from streamchat.cache import CacheStats, SinkCache
 from streamchat.cache.snapshots import release_snapshots
 from streamchat.conversation.kept_prefix import kept_tokens
-from streamchat.conversation.message import Message
-from streamchat.conversation.recall import Passage, RecallIndex, fed_messages, fed_text, recall_note, turn_numbers
+from streamchat.conversation.message import Message, ToolCall, ToolResult, is_prompt, tool_results_message
+from streamchat.conversation.recall import (
+    Passage,
+    RecallIndex,
+    fed_ids,
+    fed_text,
+    note_budget,
+    recall_note,
+    recalled_event,
+)
 from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import (
     SessionChanges,
@@ -55,18 +64,9 @@ from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.cache_view import CacheView
 from streamchat.generation.decoder import LockstepChannel
+from streamchat.generation.decoding import Reply
 from streamchat.generation.driver import Abandoned
-from streamchat.generation.events import (
-    CacheOccupancy,
-    Event,
-    NotResumed,
-    Recalled,
-    Replayed,
-    Resumed,
-    TextDelta,
-    TurnFinished,
-)
-from streamchat.generation.reply import Reply
+from streamchat.generation.events import CacheOccupancy, Event, NotResumed, Replayed, Resumed, TextDelta, TurnFinished
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.generation.token_loop import TokenLoop
@@ -85,6 +85,7 @@ class ChatSession:
         self.tokenizer = tokenizer
         self.eviction = options.eviction
         self.read_all = options.read_all
+        self.reply_format = options.reply_format  # what every reply must be (a JSON schema, a tool call), if held
         self.settings = options.settings or GenerationSettings.from_generation_config(
             getattr(model, "generation_config", None)
         )
@@ -109,6 +110,10 @@ class ChatSession:
     @property
     def system_prompt(self) -> str | None:
         return self.chat_format.system_prompt
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:  # what the first turn describes, fixed when it starts
+        return self.chat_format.tools
 
     @property
     def seed(self) -> int:
@@ -147,23 +152,35 @@ class ChatSession:
 
     def chat(self, text: str, logprobs: int | None = None) -> SessionTask:
         """Feed a user message and stream the reply (with `logprobs`, each token's log-probability and that many of
-        the likeliest alternatives' too: TokenLogprob events).
+        the likeliest alternatives' too: TokenLogprob events). A prompt longer than the cache holds is read as a
+        replay reads a conversation (streamchat.generation.prompt_reading) unless read_all; a stop() while it is
+        read ends the reading between two forward passes, and the reply before it starts."""
+        return self._answer({"role": "user", "content": text}, logprobs)
 
-        A prompt longer than the cache can hold is read as a replay reads a conversation (see
-        streamchat.generation.prompt_reading) unless read_all; a stop() while it is read ends the
-        reading between two forward passes, and the reply before it starts.
-        """
+    def answer_tool_results(self, results: list[ToolResult], logprobs: int | None = None) -> SessionTask:
+        """Feed the results of the last reply's tool calls and stream the reply, as chat() a user message."""
+        if not self.transcript or not self.transcript[-1].get("tool_calls"):
+            raise ConfigError("tool results answer a reply that called tools: the last reply called none")
+        return self._answer(tool_results_message(results), logprobs)
+
+    def settle_tool_calls(self, content: str, calls: list[ToolCall]) -> None:
+        """The last reply as its tool calls were read from it: what the transcript (a journal, a replay) holds; the
+        cache keeps the tokens the model wrote."""
+        if self.transcript and self.transcript[-1]["role"] == "assistant":
+            self.transcript[-1] = {"role": "assistant", "content": content, "tool_calls": calls}
+
+    def _answer(self, message: Message, logprobs: int | None) -> SessionTask:
         self.token_loop.stop_requested = self._settled = False
         self._forget_snapshot()
         started = time.perf_counter()
-        note = self._recall(text) if self.recall != "off" else None
-        self.transcript.append({"role": "user", "content": text})
+        if message["role"] == "tool":  # the results of the last reply's calls: no recall note
+            prompt, note = self.chat_format.tool_results_ids(self.transcript[-1], message), None
+        else:
+            prompt, note = self.next_prompt(message["content"])
+        self.transcript.append(message)
         if note is not None:
             self.recalled[len(self.transcript) - 1] = note
-            tokens = len(self.chat_format.prompt_ids(fed_text(text, note), first_turn=False))
-            tokens -= len(self.chat_format.prompt_ids(text, first_turn=False))
-            yield Recalled(len(note.messages), tuple(turn_numbers(note.messages)), tokens)
-        prompt = self.chat_format.prompt_ids(fed_text(text, note), first_turn=self.cache_stats().seen == 0)
+            yield recalled_event(self.chat_format, message["content"], note)
         reply_room = self._reply_reach() if self.eviction == "turn" else None
         read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
@@ -199,12 +216,12 @@ class ChatSession:
         messages = list(self.transcript)
         if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
             messages.pop()
-        if messages and messages[-1]["role"] == "user":
+        if messages and is_prompt(messages[-1]):
             messages.pop()
         if messages == self.transcript and self.token_loop.is_whole():
-            return _nothing()
+            return
         recalled = {index: note for index, note in self.recalled.items() if index < len(messages)}
-        return self._replay(messages, self.chat_format.conversation_ids(fed_messages(messages, recalled)), recalled)
+        yield from self._replay(messages, fed_ids(self.chat_format, messages, recalled), recalled)
 
     def stop(self) -> None:
         """Ask the reply being generated to end after the current token (safe from a signal handler)."""
@@ -218,15 +235,14 @@ class ChatSession:
         self.transcript = []
         self.recalled = {}
         self._recall_index = RecallIndex()
-        self._snapshot = None
         self._settled = True
 
     def set_system_prompt(self, text: str | None) -> SessionTask:
         """Use a new system prompt: the conversation so far is replayed behind it (in a new cache when the
         kept prefix changes length); ConfigError, and nothing changes, when it is too long to keep."""
-        chat_format = chat_format_for(self.tokenizer, text or None)
+        chat_format = chat_format_for(self.tokenizer, text or None, self.tools)
         recalled = dict(self.recalled)
-        feeds = chat_format.conversation_ids(fed_messages(self.transcript, recalled))
+        feeds = fed_ids(chat_format, self.transcript, recalled)
         self._use_format(chat_format)
         return self._replay(list(self.transcript), feeds, recalled)
 
@@ -259,6 +275,7 @@ class ChatSession:
             eviction=self.eviction,
             tensors=tensors_of(self.cache, self.sampler) if whole else None,
             recalled={index: note for index, note in self.recalled.items() if index < len(self.transcript)},
+            tools=self.tools,
         )
 
     def restore(self, state: ConversationState, not_exact: str | None = None) -> SessionTask:
@@ -266,8 +283,8 @@ class ChatSession:
         (`not_exact` says why there are none, for the NotResumed event). ConfigError, and nothing
         changes, when its eviction or system prompt cannot be used."""
         eviction = eviction_policy(state.eviction)
-        chat_format = chat_format_for(self.tokenizer, state.system_prompt)
-        feeds = chat_format.conversation_ids(fed_messages(state.messages, state.recalled))
+        chat_format = chat_format_for(self.tokenizer, state.system_prompt, state.tools)
+        feeds = fed_ids(chat_format, state.messages, state.recalled)
         self._use_format(chat_format)
         self.settings, self.eviction = state.settings, eviction
         self.sampler = Sampler(state.settings.seed)
@@ -275,10 +292,7 @@ class ChatSession:
 
     def _restored(self, state: ConversationState, feeds: list[list[int]], not_exact: str | None) -> SessionTask:
         if state.tensors is not None:
-            # The same conversation again (a benchmark's probe taken back): what it indexed still holds.
-            indexed = self._recall_index.indexed_messages
-            same = self.transcript[:indexed] == state.messages[:indexed] and len(state.messages) >= indexed
-            index = self._recall_index
+            index = self._recall_index.kept_for(self.transcript, state.messages)
             self.reset()
             self._settled = False
             try:
@@ -286,10 +300,9 @@ class ChatSession:
             except CacheStateError as error:
                 not_exact = str(error)
             else:
-                self.transcript = [{"role": m["role"], "content": m["content"]} for m in state.messages]
+                self.transcript = [message.copy() for message in state.messages]
                 self.recalled = dict(state.recalled)
-                if same:
-                    self._recall_index = index
+                self._recall_index = index
                 self._settled = True
                 yield CacheOccupancy(self.cache_stats(), 0.0)
                 yield Resumed(messages=len(state.messages), tokens=self.cache_stats().used)
@@ -312,7 +325,7 @@ class ChatSession:
             yield started  # shown before the first forward pass, which takes a while
         start = copied = 0
         for index, (message, ids) in enumerate(zip(messages, feeds, strict=True)):
-            self.transcript.append({"role": message["role"], "content": message["content"]})
+            self.transcript.append(message.copy())
             copied += yield from self.token_loop.replay_message(ids, start, total, index, progress)
             start += len(ids)
         self._settled = True
@@ -336,7 +349,9 @@ class ChatSession:
         reply = Reply(self.tokenizer, self.settings, started, prefilled)
         conversation = self._conversation
         try:
-            yield from self.token_loop.decode(logits, reply, message, self.sampler, self.stop_ids, logprobs)
+            yield from self.token_loop.decode(
+                logits, reply, message, self.sampler, self.stop_ids, logprobs, self.reply_format
+            )
         except Abandoned:
             # Its consumer went away: the reply is closed all the same, unheard (the driver runs the steps), so
             # the next turn works; unless the conversation was replaced meanwhile (reset, replay, recover).
@@ -369,27 +384,19 @@ class ChatSession:
     def next_prompt(self, text: str) -> tuple[list[int], RecalledNote | None]:
         """The tokens chat(text) would feed now, and the recall note among them; the conversation does not move
         (a benchmark teacher-forces an answer after them)."""
-        note = self._recall(text) if self.recall != "off" else None
+        note = self._recall(text)
         return self.chat_format.prompt_ids(fed_text(text, note), first_turn=self.cache_stats().seen == 0), note
 
     def recall_search(self, text: str, bar: float = defaults.RECALL_MIN_RELEVANCE) -> list[Passage]:
         """The evicted passages relevant to `text` now, best first, each with its relevance: what the note is
         chosen from (a benchmark shows it; `bar` 0 shows every passage that shares a word with `text`)."""
-        view = self.cache_view()
-        partly = view.partly_forgotten_message
-        evicted = min(view.forgotten_messages if partly is None else partly + 1, len(self.transcript))
-        index = self._recall_index
-        for number in range(index.indexed_messages, evicted):
-            index.add(number, self.transcript[number]["role"], self.transcript[number]["content"])
-        # What a note still in the window holds, the model still sees.
-        in_view = {message for at, note in self.recalled.items() if at >= evicted for message in note.messages}
-        return [found for found in index.search(text, bar) if found.message < evicted and found.message not in in_view]
+        return self._recall_index.search_forgotten(self.transcript, self.cache_view(), self.recalled, text, bar)
 
     def _recall(self, text: str) -> RecalledNote | None:
-        """The note that brings back what the cache forgot and `text` needs; None when nothing clears the bar."""
-        found = self.recall_search(text)
-        budget = min(defaults.RECALL_TOKEN_BUDGET, int(self.window * defaults.RECALL_WINDOW_SHARE))
-        return recall_note(found, self._count_tokens, budget) if found else None
+        """The note that brings back what the cache forgot and `text` needs; None when nothing clears the bar (or
+        recall is off)."""
+        found = self.recall_search(text) if self.recall != "off" else []
+        return recall_note(found, self._count_tokens, note_budget(self.window)) if found else None
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -411,8 +418,3 @@ class ChatSession:
         """The last reply can no longer be regenerated: the cache may rebase again."""
         self._snapshot = None
         release_snapshots(self.cache)
-
-
-def _nothing() -> SessionTask:
-    """A move with nothing to do."""
-    yield from ()

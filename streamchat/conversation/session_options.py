@@ -13,6 +13,7 @@ from streamchat.generation.settings import GenerationChanges, GenerationSettings
 
 if TYPE_CHECKING:
     from streamchat.engine.shared_sinks import SharedSinks
+    from streamchat.generation.constraint import ReplyFormat
     from streamchat.generation.decoder import LockstepChannel
 
 
@@ -34,6 +35,9 @@ class SessionOptions:
     channel: LockstepChannel | None = None
     # Where the conversations over one engine that begin alike share their sinks (a server's); None: not shared.
     shared_sinks: SharedSinks | None = None
+    # What every reply is held to (`--json-schema`: one JSON value of a schema); a server sets it per request (a
+    # schema, a tool call). None: free text.
+    reply_format: ReplyFormat | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))

@@ -12,7 +12,7 @@ back without knowing the session, and importing it costs no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
 from streamchat.conversation.message import Message
@@ -43,13 +43,15 @@ class RecalledNote:
 class ConversationState:
     """Everything a conversation is. `tensors` is None when it was not taken (or the cache was mid-turn)."""
 
-    messages: list[Message]  # user and assistant turns, alternating
+    messages: list[Message]  # prompt turns (user, tool results) and replies, alternating
     system_prompt: str | None
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     eviction: str = defaults.EVICTION_POLICY  # what the cache evicts, a token or a whole turn at a time
     tensors: TensorState | None = None
     # The notes recall read before user messages, by the message's index: part of what the cache read.
     recalled: dict[int, RecalledNote] = field(default_factory=dict)
+    # The tools its first turn describes (OpenAI's function specs), fixed when it starts; None: none.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def answered(self) -> list[Message]:

@@ -32,21 +32,28 @@ not used: the prompt is whatever the template writes before a reply (the generat
 prompt, for any template whose generation prompt matches its own history).
 Construction checks the template against probe conversations and refuses, with the
 reason, templates whose turns cannot be cut this way.
+
+Tools (OpenAI's function specs) are part of a conversation's first turn, where templates that
+describe them write them (the system turn: its sinks), so a format is built for a system prompt
+and tools together. A reply that called tools is followed by a prompt turn of their results,
+tool_results_ids, cut as a user turn is (the probe history ends in that reply's calls); a replay
+renders such a reply as the template writes it (call_reply_ids). A format with tools refuses a
+template that never reads them, and one whose tool turns cannot be cut.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import jinja2
 
 from streamchat import defaults
-from streamchat.conversation.message import Message
-from streamchat.errors import ChatTemplateError
+from streamchat.conversation.message import Message, ToolCall, template_messages, tool_results_message
+from streamchat.errors import ChatTemplateError, ConfigError
 from streamchat.generation.detokenize import special_token_ids
 
 if TYPE_CHECKING:
@@ -119,9 +126,11 @@ class ChatFormat:
         tokenizer: PreTrainedTokenizerBase,
         system_prompt: str | None = None,
         chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
+        self._tools = tools or None  # OpenAI's function specs, written into the first turn
         if chat_template is None and tokenizer.chat_template is not None:
             chat_template = tokenizer.get_chat_template()
         # True when the model has no template and gets the documented USER:/ASSISTANT: format.
@@ -134,10 +143,21 @@ class ChatFormat:
         self._later_history_ids = first_reply.history_ids
         self.end_of_turn_ids: tuple[int, ...] = first_reply.end_of_turn_ids
         self._check_turns_repeat()
+        if self._tools:
+            self._check_tools(self._tools)
 
     @property
     def system_prompt(self) -> str | None:
         return self._system_prompt
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self._tools
+
+    @property
+    def template(self) -> str:
+        """The chat template's text (the fallback's for a model without one)."""
+        return self._template
 
     def common_start(self, count: int) -> list[int] | None:
         """The first `count` tokens of every first prompt; None where they would hold the user's own words."""
@@ -151,25 +171,68 @@ class ChatFormat:
     def prompt_ids(self, user_text: str, *, first_turn: bool) -> list[int]:
         """The tokens that bring the conversation from the last reply to the model's next reply."""
         if first_turn:
-            return self._turn_ids(self._first_history, [], user_text)
-        return self._turn_ids(self._later_history, self._later_history_ids, user_text)
+            return self._turn_ids(self._first_history, [], _user(user_text))
+        return self._turn_ids(self._later_history, self._later_history_ids, _user(user_text))
+
+    def tool_results_ids(self, call: Message, results: Message) -> list[int]:
+        """The tokens that bring the conversation from a reply that called tools (`call`, its turn closed) to the
+        next reply: the results of its calls (`results`, a "tool" entry)."""
+        history = [*self._first_history, _user(_PROBE_USER), call]
+        return self._turn_ids(history, self._closed_call(history), results)
+
+    def call_reply_ids(self, call: Message) -> list[int]:
+        """The tokens a reply that called tools puts in the cache as the template writes it (a replay's; a live
+        reply's are the model's own), its end of turn included."""
+        prompt = self.prompt_ids(_PROBE_USER, first_turn=True)
+        closed = self._closed_call([*self._first_history, _user(_PROBE_USER), call])
+        if closed[: len(prompt)] != prompt:
+            raise self._unsplittable("a reply that calls tools changes how the prompt before it is tokenized")
+        return closed[len(prompt) :]
 
     def conversation_ids(self, messages: list[Message]) -> list[list[int]]:
-        """The tokens each message of a conversation (user first, alternating) puts in the cache."""
-        return [
-            self.prompt_ids(message["content"], first_turn=index == 0)
-            if message["role"] == "user"
-            else self.reply_ids(message["content"])
-            for index, message in enumerate(messages)
-        ]
+        """The tokens each message of a conversation (a prompt turn first, then replies and prompt turns
+        alternating) puts in the cache."""
+        return [self._message_ids(messages, index) for index in range(len(messages))]
 
-    def _turn_ids(self, history: list[Message], history_ids: list[int], user_text: str) -> list[int]:
-        text = self._render([*history, _user(user_text), _assistant(_PROBE_REPLY)])
+    def _message_ids(self, messages: list[Message], index: int) -> list[int]:
+        message = messages[index]
+        if message["role"] == "user":
+            return self.prompt_ids(message["content"], first_turn=index == 0)
+        if message["role"] == "tool":
+            if index == 0 or not messages[index - 1].get("tool_calls"):
+                raise ConfigError("tool results must follow a reply that called tools")
+            return self.tool_results_ids(messages[index - 1], message)
+        return self.call_reply_ids(message) if message.get("tool_calls") else self.reply_ids(message["content"])
+
+    def _turn_ids(self, history: list[Message], history_ids: list[int], prompt: Message) -> list[int]:
+        text = self._render([*history, prompt, _assistant(_PROBE_REPLY)])
         before_reply = text[: text.rfind(_PROBE_REPLY)]
         ids = self._encode(before_reply)
         if ids[: len(history_ids)] != history_ids:
-            raise self._unsplittable(f"the message {user_text!r} changes how the turn before it is tokenized")
+            said = prompt["content"]
+            raise self._unsplittable(f"the message {said!r} changes how the turn before it is tokenized")
         return ids[len(history_ids) : self._prompt_end(before_reply, ids)]
+
+    def _closed_call(self, history: list[Message]) -> list[int]:
+        """`history`, which ends in a reply that called tools, tokenized up to where the turn of its results cannot
+        move the cut; that reply must close as every reply does (the cache closes a live one so)."""
+        ids = self._encode(self._render(history))
+        continued = self._render([*history, _probe_results(history[-1]), _assistant(_PROBE_REPLY)])
+        closed = ids[: common_prefix_length(ids, self._encode(continued))]
+        if tuple(closed[len(closed) - len(self.end_of_turn_ids) :]) != self.end_of_turn_ids:
+            raise self._unsplittable("it ends a reply that calls tools differently from other replies")
+        return closed
+
+    def _check_tools(self, tools: list[dict[str, Any]]) -> None:
+        probe = [*self._first_history, _user(_PROBE_USER)]
+        if self._render(probe) == self._render(probe, with_tools=False):
+            raise ChatTemplateError(
+                "the model's chat template does not describe tools: it writes the same prompt with them as without, "
+                "so the model would never see them; use a model whose template takes tools (Qwen2.5, Llama 3.1, ...)"
+            )
+        call = _probe_call(tools)
+        self.tool_results_ids(call, _probe_results(call))
+        self.call_reply_ids(call)
 
     def _prompt_end(self, text: str, ids: list[int]) -> int:
         """Where a prompt `text` tokenized as `ids` stops: before any token that a reply could merge
@@ -222,15 +285,18 @@ class ChatFormat:
         if second_reply.end_of_turn_ids != self.end_of_turn_ids:
             raise self._unsplittable("it ends the first reply differently from later ones")
         longer_history = [*self._later_history, _user(_PROBE_USER), _assistant(_PROBE_REPLY)]
-        third_turn = self._turn_ids(longer_history, second_reply.history_ids, _PROBE_USER)
+        third_turn = self._turn_ids(longer_history, second_reply.history_ids, _user(_PROBE_USER))
         if third_turn != self.prompt_ids(_PROBE_USER, first_turn=False):
             raise self._unsplittable("it renders a turn differently depending on the turns before it")
 
-    def _render(self, messages: list[Message]) -> str:
+    def _render(self, messages: list[Message], with_tools: bool = True) -> str:
+        tools = cast("list[dict[Any, Any] | Callable[..., Any]] | None", self._tools if with_tools else None)
         try:
-            # Messages are dicts of text (a TypedDict); tokenize=False renders the text.
-            chat = cast("list[dict[str, str]]", messages)
-            return cast(str, self._tokenizer.apply_chat_template(chat, chat_template=self._template, tokenize=False))
+            # tokenize=False renders the text.
+            rendered = self._tokenizer.apply_chat_template(
+                template_messages(messages), tools=tools, chat_template=self._template, tokenize=False
+            )
+            return cast(str, rendered)
         except jinja2.TemplateError as error:
             hint = " It may not accept a system prompt: try without one." if self._system_prompt else ""
             raise ChatTemplateError(f"the model's chat template refused the conversation: {error}.{hint}") from error
@@ -246,16 +312,22 @@ class ChatFormat:
         )
 
 
-def chat_format_for(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None) -> ChatFormat:
-    """ChatFormat(tokenizer, system_prompt), built once for each tokenizer, template and system prompt: a format
-    is a value, and building one renders and checks sample turns (milliseconds a server's every new conversation
-    would wait on the worker)."""
-    return _chat_format(tokenizer, system_prompt, repr(tokenizer.chat_template))
+def chat_format_for(
+    tokenizer: PreTrainedTokenizerBase, system_prompt: str | None, tools: list[dict[str, Any]] | None = None
+) -> ChatFormat:
+    """ChatFormat(tokenizer, system_prompt, tools), built once for each tokenizer, template, system prompt and
+    tools: a format is a value, and building one renders and checks sample turns (milliseconds a server's every
+    new conversation would wait on the worker)."""
+    described = json.dumps(tools) if tools else None  # in their order: the template writes them so
+    return _chat_format(tokenizer, system_prompt, repr(tokenizer.chat_template), described)
 
 
 @functools.lru_cache(maxsize=16)
-def _chat_format(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None, template: str) -> ChatFormat:
-    return ChatFormat(tokenizer, system_prompt=system_prompt)  # `template`: a template set later builds anew
+def _chat_format(
+    tokenizer: PreTrainedTokenizerBase, system_prompt: str | None, template: str, tools: str | None
+) -> ChatFormat:
+    # `template`: a template set later builds anew; `tools` as JSON text, a key the cache can hash.
+    return ChatFormat(tokenizer, system_prompt=system_prompt, tools=None if tools is None else json.loads(tools))
 
 
 def stop_token_ids(
@@ -303,3 +375,17 @@ def _user(content: str) -> Message:
 
 def _assistant(content: str) -> Message:
     return {"role": "assistant", "content": content}
+
+
+def _probe_call(tools: list[dict[str, Any]]) -> Message:
+    """A reply calling the first tool. Its id has 9 letters and digits, as Mistral's templates require."""
+    function = tools[0].get("function")
+    name = str(function.get("name", "probe")) if isinstance(function, dict) else "probe"
+    call: ToolCall = {"id": "call00001", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _probe_results(call: Message) -> Message:
+    return tool_results_message(
+        [{"tool_call_id": c["id"], "content": _PROBE_REPLY} for c in call.get("tool_calls", [])]
+    )

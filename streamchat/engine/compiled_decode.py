@@ -3,7 +3,7 @@
     backend = compile_backend("auto", device)   # what --compile means here: "inductor", or None for eager steps
     step = CompiledDecode(model, backend)
     step.will_compile(cache)                    # the next step of `cache` compiles first (slow: say so)
-    with cache.decode_step(label, token_id):
+    with cache.decode_pass(label, token_id):
         logits = step(cache, token)             # token [1, 1] -> logits [1, 1, vocab]
 
 A decode step has fixed shapes once a cache's sinks are full, so it compiles into one graph
@@ -23,24 +23,24 @@ import torch
 
 from streamchat import defaults
 from streamchat.cache import SinkCache
-from streamchat.cache.feeding import step_logits
+from streamchat.cache.feeding import model_logits
 from streamchat.errors import ConfigError
 from streamchat.placement.lean_forward import lean_forward_for
 
-# A decode step's body: (model, cache, token [1, 1]) -> logits [1, 1, vocab].
+# A decode pass's body: (model, cache, token [1, 1]) -> logits [1, 1, vocab].
 DecodeFunction = Callable[[Any, SinkCache, torch.Tensor], torch.Tensor]
 
 
-def decode_step(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
-    """The body of `with cache.decode_step()` for token [1, 1]: logits [1, 1, vocab]. Compilable."""
-    return step_logits(model, cache, token, cache.decode_inputs(token))
+def decode_logits(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
+    """The body of `with cache.decode_pass()` for token [1, 1]: logits [1, 1, vocab]. Compilable."""
+    return model_logits(model, cache, token, cache.decode_inputs(token))
 
 
 def decode_function(model: Any) -> DecodeFunction:
-    """decode_step, or the same step through the lean forward where the model has one (placement/lean_forward.py)."""
+    """decode_logits, or the same pass through the lean forward where the model has one (placement/lean_forward.py)."""
     forward = lean_forward_for(model)
     if forward is None:
-        return decode_step
+        return decode_logits
 
     def lean_decode(model: Any, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
         inputs = cache.decode_inputs(token)
@@ -65,7 +65,7 @@ class CompiledDecode:
         return cache.ledger.sinks_full and cache not in self._compiled
 
     def __call__(self, cache: SinkCache, token: torch.Tensor) -> torch.Tensor:
-        """Inside `cache.decode_step()`: the logits [1, 1, vocab] after token [1, 1], in a buffer the next call
+        """Inside `cache.decode_pass()`: the logits [1, 1, vocab] after token [1, 1], in a buffer the next call
         reuses (copy what is kept)."""
         if cache in self._compiled:
             if self.device.type == "cuda":

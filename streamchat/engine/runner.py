@@ -5,8 +5,8 @@
     runner.leave(cache)                  # a reply ended: its cache owns its storage again
 
 Decode rows feed through the batch of streamchat.cache.batch (each cache a row of one
-allocation, its own ledgers planning its step); each prompt chunk through its own cache's
-step. Where the model has the lean forward (placement/lean_forward.py, the llama family
+allocation, its own ledgers planning its pass); each prompt chunk through its own cache's
+forward pass. Where the model has the lean forward (placement/lean_forward.py, the llama family
 fused at load), all of them run as one ragged pass: the products read every weight once
 for the whole step. Other models run the decode rows in one pass and each chunk in its own,
 through the model's forward: the same results, more weight reads. With a compile backend,
@@ -21,9 +21,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from streamchat.cache.batch import BatchStep, CacheBatch
-from streamchat.cache.feeding import step_logits
-from streamchat.cache.sink_cache import SinkCache, Step
+from streamchat.cache.batch import BatchPass, CacheBatch
+from streamchat.cache.feeding import model_logits
+from streamchat.cache.sink_cache import ForwardPass, SinkCache
 from streamchat.engine.compiled_decode import CompiledDecode
 from streamchat.engine.scheduler import Scheduled
 from streamchat.engine.work import DecodeRow, Fed, PromptChunk, Ticket
@@ -34,10 +34,10 @@ _Kind = TypeVar("_Kind", DecodeRow, PromptChunk)
 
 
 class _Rows(NamedTuple):
-    """The decode rows' open step, and the cache they attend through (the batch, or one reply's own cache)."""
+    """The decode rows' open pass, and the cache they attend through (the batch, or one reply's own cache)."""
 
     cache: CacheBatch | SinkCache
-    step: BatchStep
+    opened: BatchPass
 
 
 class Runner:
@@ -62,12 +62,12 @@ class Runner:
             return [self._compiled_decode(compiled, rows[0])]
         with torch.inference_mode(), ExitStack() as opened:
             decode = self._open_rows(rows, opened) if rows else None
-            reads = [opened.enter_context(chunk.cache.step(chunk.ids, chunk.label)) for chunk in chunks]
+            reads = [opened.enter_context(chunk.cache.forward_pass(chunk.ids, chunk.label)) for chunk in chunks]
             if lean is not None:
                 logits = self._ragged(lean, decode, chunks, reads)
             else:
                 logits = self._each(decode, chunks, reads)
-        evictions = [*(decode.step.evictions if decode is not None else []), *(read.eviction for read in reads)]
+        evictions = [*(decode.opened.evictions if decode is not None else []), *(read.eviction for read in reads)]
         return [Fed(row[None, None], eviction) for row, eviction in zip(logits, evictions, strict=True)]
 
     def leave(self, cache: SinkCache) -> None:
@@ -83,46 +83,46 @@ class Runner:
         return self.compiled is not None and self.compiled.will_compile(cache)
 
     def _compiled_decode(self, compiled: CompiledDecode, row: DecodeRow) -> Fed:
-        with row.cache.decode_step(row.label, row.token_id) as eviction:
+        with row.cache.decode_pass(row.label, row.token_id) as eviction:
             return Fed(compiled(row.cache, row.token.reshape(1, 1)), eviction)
 
     def _open_rows(self, rows: list[DecodeRow], opened: ExitStack) -> _Rows:
-        """Open the decode rows' step: one reply alone through its own cache's decode step, more through the batch."""
+        """Open the decode rows' pass: one reply alone through its own cache's decode pass, more through the batch."""
         if len(rows) == 1 and not self.batch.members:
             row = rows[0]
             cache, token = row.cache, row.token.reshape(1, 1)
-            eviction = opened.enter_context(cache.decode_step(row.label, row.token_id))
-            return _Rows(cache, BatchStep(token, cache.decode_inputs(token), [eviction]))
+            eviction = opened.enter_context(cache.decode_pass(row.label, row.token_id))
+            return _Rows(cache, BatchPass(token, cache.decode_inputs(token), [eviction]))
         self.batch.join(*(row.cache for row in rows))  # members stay; joiners take the next rows, in order
         tokens, labels, token_ids = zip(*((row.token, row.label, row.token_id) for row in rows), strict=True)
-        return _Rows(self.batch, opened.enter_context(self.batch.decode_step(tokens, labels, token_ids)))
+        return _Rows(self.batch, opened.enter_context(self.batch.decode_pass(tokens, labels, token_ids)))
 
     def _ragged(
-        self, lean: LeanForward, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]
+        self, lean: LeanForward, decode: _Rows | None, chunks: list[PromptChunk], reads: list[ForwardPass]
     ) -> torch.Tensor:
         """One lean pass (`lean`, the model's) over every row and chunk: logits [outputs, vocab]."""
-        if not chunks:  # decode rows only: the lean decode step as it is (rows of one token, no segments to cut)
+        if not chunks:  # decode rows only: the lean decode pass as it is (rows of one token, no segments to cut)
             if decode is None:
                 raise CacheStateError("a step was run with no work in it")
-            inputs = decode.step.inputs
-            return lean(decode.step.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
+            inputs = decode.opened.inputs
+            return lean(decode.opened.input_ids, inputs.position_ids, inputs.attention_mask, decode.cache)[:, -1]
         tokens, positions, segments = [], [], []
         if decode is not None:
-            step = decode.step
-            tokens.append(step.input_ids[:, 0])  # [rows]: one a member
-            positions.append(step.inputs.position_ids[:, 0])
-            segments.append(Segment(len(tokens[0]), decode.cache, step.inputs.attention_mask, decode=True))
+            rows = decode.opened
+            tokens.append(rows.input_ids[:, 0])  # [rows]: one a member
+            positions.append(rows.inputs.position_ids[:, 0])
+            segments.append(Segment(len(tokens[0]), decode.cache, rows.inputs.attention_mask, decode=True))
         for chunk, read in zip(chunks, reads, strict=True):
             tokens.append(chunk.ids[0])
             positions.append(read.inputs.position_ids[0])
             segments.append(Segment(chunk.tokens, chunk.cache, read.inputs.attention_mask, decode=False))
         return lean.ragged(torch.cat(tokens), torch.cat(positions), segments)[0]
 
-    def _each(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[Step]) -> torch.Tensor:
+    def _each(self, decode: _Rows | None, chunks: list[PromptChunk], reads: list[ForwardPass]) -> torch.Tensor:
         """The model's own forward: the decode rows in one pass, then each chunk in its own; [outputs, vocab]."""
-        parts = [] if decode is None else [(decode.step.input_ids, decode.cache, decode.step.inputs)]
+        parts = [] if decode is None else [(decode.opened.input_ids, decode.cache, decode.opened.inputs)]
         parts += [(chunk.ids, chunk.cache, read.inputs) for chunk, read in zip(chunks, reads, strict=True)]
-        return torch.cat([step_logits(self.model, cache, ids, inputs)[:, -1] for ids, cache, inputs in parts])
+        return torch.cat([model_logits(self.model, cache, ids, inputs)[:, -1] for ids, cache, inputs in parts])
 
 
 def _works(tickets: list[Ticket], kind: type[_Kind]) -> list[_Kind]:

@@ -23,7 +23,8 @@ reads it back); the frequency and presence penalties read how often each token w
 in this reply, a count on the device that start() zeroes and each settled step adds its
 token to (take_back() takes it out again). A reply's count never outlives it: /regen
 starts the reply again, and a conversation is snapshotted whole only between replies, so
-no state of it is saved or restored.
+no state of it is saved or restored. A reply with a grammar (streamchat.generation.constraint)
+draws only from the tokens it allows next, and each token fed (or taken back) moves it.
 
 Under tensor parallelism (streamchat.distributed) every rank decodes in lockstep: a
 `LockstepChannel` makes rank 0 draw and broadcast each token, or the news that the reply
@@ -42,6 +43,7 @@ from streamchat.cache.ledger import NO_LABEL
 from streamchat.cache.record import UNREAD
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheStateError
+from streamchat.generation.constraint import Constraint
 from streamchat.generation.sampling import (
     Draw,
     Sampler,
@@ -97,17 +99,24 @@ class Decoder:
         self._one: torch.Tensor | None = None  # [1], what a step adds to its token's count
         self._counted: torch.Tensor | None = None  # [1], the token last counted, for take_back()
         self._checkpoint: CacheSnapshot | None = None
+        self._constraint: Constraint | None = None  # the reply's grammar, where it has one
         self.label = NO_LABEL  # what the cache records the reply's tokens with (start() sets it)
 
     def start(
-        self, logits: torch.Tensor, settings: GenerationSettings, sampler: Sampler, label: int = NO_LABEL
+        self,
+        logits: torch.Tensor,
+        settings: GenerationSettings,
+        sampler: Sampler,
+        label: int = NO_LABEL,
+        constraint: Constraint | None = None,
     ) -> None:
         """Decode from `logits` [1, n, vocab] (the last position's count) with these settings; the cache
-        records every token fed with `label`.
+        records every token fed with `label`; with `constraint`, only the tokens its grammar allows are drawn.
 
         The draw is composed here, once per reply; its uniform numbers come from `sampler`.
         """
         self._row, self._settings, self.label = self._last_row(logits), settings, label
+        self._constraint = constraint
         self._draw = make_draw(settings, sampler)
         self._unread = self._settled = None
         self._counts = self._one = self._counted = None
@@ -123,6 +132,8 @@ class Decoder:
         if self._settled is not None:  # drawn again over the whole vocabulary: fed() took its guess back
             return Drawn(self._settled.on_device, self._settled.token)
         row = self._penalized(_required(self._row, "draw() before start()"))
+        if self._constraint is not None:
+            row = self._constraint.masked(row)
         draw = _required(self._draw, "draw() before start()")
         drawn = draw(row)
         self._reader.send(drawn)
@@ -162,6 +173,8 @@ class Decoder:
                 _required(self._checkpoint, "fed() before checkpoint()").restore(self.cache)
                 return None
             self.cache.learn_token(settled.token)
+        if self._constraint is not None:
+            self._constraint.accept(settled.token)
         self._row = self._last_row(logits)
         if self._counts is not None:
             one = _required(self._one, "fed() before start()")  # start() sets both
@@ -184,6 +197,8 @@ class Decoder:
         """Undo the step that fed the last token (exactly: nothing it overwrote was held), its count included."""
         _required(self._checkpoint, "take_back() before checkpoint()").restore(self.cache)
         self._row = self._previous_row
+        if self._constraint is not None:
+            self._constraint.take_back()
         if self._counted is not None:
             order = "take_back() before start()"
             counts, one = _required(self._counts, order), _required(self._one, order)

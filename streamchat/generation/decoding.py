@@ -1,6 +1,8 @@
-"""A reply decoding in the engine's steps, a token a step: what the token loop submits, and a benchmark's.
+"""A reply as it is decoded: its text as it grows (Reply), and its tokens in the engine's steps, a token a step
+(DecodingReply: what the token loop submits; a benchmark's EndlessReply).
 
-    reply = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
+    reply = Reply(tokenizer, settings, started, prefilled)   # its tokens, its text cut at a stop string, its timing
+    decoding = DecodingReply(decoder, reply, stop_ids, stop_requested, evicted)
     # a request (engine/work.py): each step draws its token (next_work), feeds it, and settles it (advance)
     next_token = endless_reply(model, decoder)   # a benchmark's: each call, the next token of an endless reply
 
@@ -14,6 +16,7 @@ as its Output's events, for the process's driver to hand on (streamchat.generati
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +26,90 @@ from streamchat.cache.ledger import Eviction
 from streamchat.engine.engine import Engine
 from streamchat.engine.work import Advanced, DecodeRow, Fed, PromptChunk, Work
 from streamchat.generation.decoder import Decoder, Drawn
-from streamchat.generation.events import CacheOccupancy, Event, Evicted, TextDelta, TokenLogprob
-from streamchat.generation.reply import Reply
+from streamchat.generation.detokenize import IncrementalDetokenizer
+from streamchat.generation.events import (
+    CacheOccupancy,
+    Event,
+    Evicted,
+    StopReason,
+    TextDelta,
+    TokenLogprob,
+    TurnStats,
+)
+from streamchat.generation.settings import GenerationSettings
+
+
+class Reply:
+    """One reply as it grows: its tokens, its text (cut at a stop string), its timing."""
+
+    def __init__(self, tokenizer: Any, settings: GenerationSettings, started: float, prefilled: float) -> None:
+        self.settings = settings
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.ids: list[int] = []
+        self.text = ""  # what has been shown
+        self._held = ""  # text that may be the start of a stop string
+        self.reason: StopReason = "max_new_tokens"
+        self.stop_string: str | None = None  # the one that ended it, where one did
+        self.started = started  # when the turn began
+        self.prefilled = prefilled  # when its prompt was in the cache
+        self.first_token_at: float | None = None
+
+    def add(self, token: int) -> str:
+        """Take a sampled token; return the text it shows (none past a stop string, none that may begin one)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.ids.append(token)
+        return self._show(self.detokenizer.push(token))
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the reply."""
+        return "" if self.reason == "stop_string" else self._show(self.detokenizer.flush(), final=True)
+
+    def decode_speed(self) -> float:
+        elapsed = time.perf_counter() - (self.first_token_at or self.started)
+        return (len(self.ids) - 1) / elapsed if elapsed > 0 else 0.0
+
+    def stats(self, prompt_tokens: int, copied: int = 0) -> TurnStats:
+        now = time.perf_counter()
+        first = self.first_token_at or now
+        return TurnStats(
+            prompt_tokens=prompt_tokens,
+            generated_tokens=len(self.ids),
+            prefill_seconds=self.prefilled - self.started,
+            decode_seconds=now - first,
+            time_to_first_token=first - self.started,
+            stop_reason=self.reason,
+            copied_prompt_tokens=copied,
+            stop_string=self.stop_string,
+        )
+
+    def _show(self, delta: str, final: bool = False) -> str:
+        stops = self.settings.stop
+        if not stops:
+            self.text += delta
+            return delta
+        pending = self._held + delta
+        hits = [(index, stop) for stop in stops if (index := pending.find(stop)) != -1]
+        if hits:
+            first, self.stop_string = min(hits, key=lambda hit: hit[0])  # the earliest; the first given of a tie
+            self.reason = "stop_string"
+            shown, self._held = pending[:first], ""
+        else:
+            # Text that may begin a stop string waits until the next tokens settle it: shown text
+            # cannot be taken back.
+            held = 0 if final else _stop_prefix_length(pending, stops)
+            shown, self._held = pending[: len(pending) - held], pending[len(pending) - held :]
+        self.text += shown
+        return shown
+
+
+def _stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that is the beginning of a stop string."""
+    longest = min(len(text), max(len(stop) for stop in stops) - 1)
+    for length in range(longest, 0, -1):
+        if any(stop.startswith(text[-length:]) for stop in stops):
+            return length
+    return 0
 
 
 class DecodingReply:

@@ -103,6 +103,7 @@ class TurnStats:
     time_to_first_token: float
     stop_reason: StopReason
     copied_prompt_tokens: int = 0  # of prompt_tokens, the sinks copied in as another conversation read them
+    stop_string: str | None = None  # the stop string that ended the reply, where one did
 
     @property
     def prefill_tokens_per_second(self) -> float:

@@ -7,7 +7,7 @@ computed with a full window before them, as when they streamed. The middle would
 evicted again before the model could answer, so skipping it changes what the model
 sees only by what the first of those windows was computed after.
 
-    reading = Reading(cache, [(head, skipped), (tail, 0)], label, step, evicted, progress=progress)
+    reading = Reading(cache, [(head, skipped), (tail, 0)], label, chunk, evicted, progress=progress)
     # in an engine's steps (engine/work.py: Request): next_work() -> fed -> advance(fed) -> what it says ...
     reading.logits                           # the logits after its last token
     logits = read_prompt(model, cache, ids)  # a benchmark's prompt, read whole as the chat reads one
@@ -57,9 +57,9 @@ def prompt_parts(ids: list[int], seen: int, sinks: int, window: int, read_all: b
 class ReadingProgress:
     """How far a long read has come: tokens read of `total`, at what speed, how long is left."""
 
-    def __init__(self, total: int, step: int, reading: Literal["message", "conversation"] = "message") -> None:
+    def __init__(self, total: int, chunk: int, reading: Literal["message", "conversation"] = "message") -> None:
         self.total = total
-        self.step = step  # tokens per forward pass
+        self.chunk = chunk  # tokens per forward pass
         self.reading = reading
         self.read = 0
         self.started = time.perf_counter()
@@ -67,14 +67,14 @@ class ReadingProgress:
     def advance(self, count: int) -> PromptProgress | None:
         """Count `count` more tokens read; a progress event when the read takes more than one pass."""
         self.read += count
-        if self.total <= self.step:
+        if self.total <= self.chunk:
             return None
         elapsed = time.perf_counter() - self.started
         return PromptProgress(self.read, self.total, self.read / elapsed if elapsed > 0 else 0.0, self.reading)
 
 
 class Reading:
-    """Tokens read into a cache a chunk of `step` tokens per forward pass (engine/work.py: Request), in `parts`:
+    """Tokens read into a cache a chunk of `chunk` tokens per forward pass (engine/work.py: Request), in `parts`:
     each part's tokens, then how many tokens after them are skipped (counted as forgotten). After each chunk,
     its eviction and, with a `progress`, how far the read has come (with `occupancy`, the cache's too). With
     `stop_requested`, a stop asked for is heeded before a chunk once there are logits to answer from (`logits`,
@@ -85,7 +85,7 @@ class Reading:
         cache: SinkCache,
         parts: list[tuple[list[int], int]],
         label: int,
-        step: int,
+        chunk: int,
         evicted: Callable[[Eviction], Evicted],
         *,
         progress: ReadingProgress | None = None,
@@ -101,7 +101,7 @@ class Reading:
         # What is left to do, in order: chunks to read (lists of ids) and counts of tokens skipped (ints).
         self._left: list[list[int] | int] = []
         for ids, skipped in parts:
-            self._left += [ids[start : start + step] for start in range(0, len(ids), step)]
+            self._left += [ids[start : start + chunk] for start in range(0, len(ids), chunk)]
             self._left.append(skipped)
         self._chunks_left = len(self._left) - len(parts)
         self._evicted, self._progress, self._occupancy = evicted, progress, occupancy

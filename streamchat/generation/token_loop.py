@@ -31,8 +31,9 @@ from streamchat.cache.record import UNREAD
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError, ConfigError, out_of_memory_as
+from streamchat.generation.constraint import ReplyFormat
 from streamchat.generation.decoder import Decoder, LockstepChannel
-from streamchat.generation.decoding import DecodingReply
+from streamchat.generation.decoding import DecodingReply, Reply
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -49,7 +50,6 @@ from streamchat.generation.prompt_reading import (
     replayed_count,
     replayed_parts,
 )
-from streamchat.generation.reply import Reply
 from streamchat.generation.sampling import Sampler
 
 
@@ -164,10 +164,14 @@ class TokenLoop:
         sampler: Sampler,
         stop_ids: frozenset[int],
         logprobs: int | None = None,
+        reply_format: ReplyFormat | None = None,
     ) -> Generator[Event | Request, None, None]:
         """Draw, show and feed tokens one by one, until a stop token or string, the limit, or stop(). With
-        `logprobs`, each token's log-probability is said too, with that many of the likeliest alternatives'."""
-        self.decoder.start(logits, reply.settings, sampler, label=message)
+        `logprobs`, each token's log-probability is said too, with that many of the likeliest alternatives'; with
+        `reply_format`, the reply is what its grammar allows (one JSON value of a schema: it ends once that is
+        whole)."""
+        constraint = None if reply_format is None else reply_format.constraint(self.tokenizer, stop_ids)
+        self.decoder.start(logits, reply.settings, sampler, label=message, constraint=constraint)
         said = None if logprobs is None else partial(self._logprob, top=logprobs)
         decoding = DecodingReply(self.decoder, reply, stop_ids, lambda: self.stop_requested, self._evicted, said)
         with _out_of_memory_reported(self.device, "generating"):

@@ -99,6 +99,7 @@ class RunConfig:
     seed: int | None = _sampling("seed")
     stop: tuple[str, ...] | None = _option(None, stop_strings)
     system: str | None = _option(None, text)
+    json_schema: str | None = _option(None, _NOT_EMPTY)  # a file: every reply is one JSON value of its schema
     # Which machine has the device, and which device takes which quantization, is settled at load time.
     device: str = _option(defaults.DEVICE, checked(text, is_device_name, f"must be one of {DEVICE_NAMES}"))
     dtype: str = _option(defaults.DTYPE, checked(text, is_dtype_name, f"must be one of {DTYPE_NAMES}"))

@@ -50,13 +50,15 @@ def weight_bytes_per_token(model: PreTrainedModel) -> int:
 
     Quantized tensors count by their storage (their inner tensors), not by their float shape.
     """
-    embedding = model.get_input_embeddings().weight
+    embedding = model.get_input_embeddings()
     output = model.get_output_embeddings()
-    tied = output is not None and getattr(output, "weight", None) is embedding
+    tied = output is not None and getattr(output, "weight", None) is embedding.weight
+    # The table a step reads a row of (its weights, and a packed one's scales), unless the head reads it whole.
+    table = set() if tied else {id(tensor) for tensor in [*embedding.parameters(), *embedding.buffers()]}
     total = 0
     seen: set[int] = set()
     for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen or (tensor is embedding and not tied):
+        if id(tensor) in seen or id(tensor) in table:
             continue
         seen.add(id(tensor))
         total += _storage_bytes(tensor)

@@ -2,7 +2,7 @@
 
 transformers' "sdpa" attention packs a decode query's heads per key/value head only
 outside torch.compile (`not is_torchdynamo_compiling()` in its sdpa_attention.py); a
-compiled step falls back to `repeat_kv`, which copies every key and value head
+compiled graph falls back to `repeat_kv`, which copies every key and value head
 group-size times before SDPA reads them. Here one decode query always runs packed: the
 group's query heads become rows of one query per key/value head, which reads the
 cache as it is stored: through SDPA on accelerators; on CPU through streamchat's own kernel
@@ -99,7 +99,7 @@ def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None: ...
 def decode_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     """`mask` as decode_attention takes it fastest on its device: convert once for many layers.
 
-    A caller running every layer under one mask converts it once per step
+    A caller running every layer under one mask converts it once per pass
     (placement/lean_forward.py). On CPU a mask becomes float32 terms added to the scores (a
     boolean one: the least float32 where a slot is hidden), so the masked scores and the
     softmax stay float32 whatever the model's dtype; elsewhere SDPA takes it as it is.
@@ -117,7 +117,7 @@ def _native_attention(
     """[B, KV, G, Dv] through the native kernel; None where there is none or it does not take these tensors.
 
     bfloat16 only: that is where torch's products cost ~100 us a call; float32 ones do not, and
-    float32 stays exactly what transformers' attention computes. A compiled step keeps torch's
+    float32 stays exactly what transformers' attention computes. A compiled graph keeps torch's
     products too: a graph cannot trace a foreign call, and it fuses them itself.
     """
     native = native_in_use()

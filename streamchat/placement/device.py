@@ -2,13 +2,17 @@
 
 The choices are pure functions of what the machine offers (an Accelerators value), so
 every rule is testable without a GPU or a particular CPU; only detect_accelerators()
-asks torch and the operating system.
+asks torch and the operating system. Among what a CPU offers: which build (Variant) of
+streamchat's own kernels it runs, read from its flags, and a C compiler to build it
+(placement/native.py builds, binds and checks them).
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +39,7 @@ class Accelerators:
     mps: bool = False
     # The CPU computes bfloat16 dot products in hardware (see detect_cpu_bf16).
     cpu_bf16: bool = False
-    # streamchat's own CPU kernels run here (placement/native.py: AVX2 or AVX-512, a C compiler).
+    # streamchat's own CPU kernels run here (native_kernels_run_here: AVX2 or AVX-512, a C compiler).
     cpu_kernels: bool = False
 
 
@@ -63,8 +67,6 @@ def is_dtype_name(name: str) -> bool:
 
 def detect_accelerators() -> Accelerators:
     import torch
-
-    from streamchat.placement.native import native_kernels_run_here  # imports torch
 
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return Accelerators(
@@ -125,6 +127,68 @@ def _sysctl(name: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return answer.stdout.strip() if answer.returncode == 0 else None
+
+
+# ---- streamchat's own CPU kernels (placement/native.py): which build of them this CPU runs -------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: the instructions it is compiled for, and the CPU flags (as /proc/cpuinfo
+    names them) that must all be there to run it."""
+
+    name: str
+    compiler_flags: tuple[str, ...]
+    cpu_flags: frozenset[str]
+
+
+AVX512 = Variant(
+    "avx512",
+    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c"),
+    frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}),
+)
+AVX2 = Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"}))
+VARIANTS = (AVX512, AVX2)  # the best first: what a CPU gets unless the environment names one
+NO_KERNELS = "0"  # STREAMCHAT_NATIVE_KERNELS=0: torch's kernels only
+
+
+def chosen_variant(asked: str, flags: frozenset[str]) -> Variant | None:
+    """The variant STREAMCHAT_NATIVE_KERNELS names (`asked`: "0" for none, "" or any other value for the
+    best) if a CPU with `flags` runs it, else None."""
+    if asked == NO_KERNELS:
+        return None
+    named = [variant for variant in VARIANTS if variant.name == asked.strip().lower()]
+    return next((variant for variant in named or VARIANTS if variant.cpu_flags <= flags), None)
+
+
+def native_kernels_run_here() -> bool:
+    """Whether placement/native.py's load_native_kernels can be expected to give kernels here: a variant this CPU
+    runs (and the environment allows), and a C compiler to build it. Nothing is built."""
+    return chosen_variant(kernels_asked(None), cpu_flags()) is not None and c_compiler() is not None
+
+
+def kernels_asked(asked: str | None) -> str:
+    """The variant `asked` for, else the one STREAMCHAT_NATIVE_KERNELS names ("" when it names none)."""
+    return os.environ.get(defaults.NATIVE_KERNELS_ENV, "") if asked is None else asked
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction set flags every processor of this machine lists; none where the kernels cannot run
+    (not Linux on x86-64) or the flags cannot be read."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return frozenset()
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    lines = [line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")]
+    return frozenset.intersection(*map(frozenset, lines)) if lines else frozenset()
+
+
+def c_compiler() -> str | None:
+    """$CC if it names a program that is there, else cc or gcc; None without one."""
+    named = os.environ.get("CC")
+    return shutil.which(named) if named else shutil.which("cc") or shutil.which("gcc")
 
 
 def for_quantization(accelerators: Accelerators, quantize: str) -> Accelerators:
@@ -196,6 +260,6 @@ def choose_dtype(requested: str, device: str, accelerators: Accelerators) -> str
         return "float16"
     # Without bf16 in hardware torch emulates it by converting operands to float32 and back,
     # which is not known to beat float32 and rounds more: keep float32 there, unless
-    # streamchat's kernels run the step (they compute in float32 from bfloat16 and int4
+    # streamchat's kernels run the decode (they compute in float32 from bfloat16 and int4
     # storage): on an AVX2 CPU they decode the default model 5x faster than float32.
     return "bfloat16" if accelerators.cpu_bf16 or accelerators.cpu_kernels else "float32"

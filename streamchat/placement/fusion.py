@@ -1,6 +1,6 @@
 """Fewer, larger matrix products: q/k/v and gate/up fused per layer into one weight each, at load time.
 
-A decode step multiplies one activation row by every weight: seven products a layer,
+A decode pass multiplies one activation row by every weight: seven products a layer,
 each too small to reach the memory bandwidth one large product does (211 products a
 token for the default model at about 10 GB/s, against about 25 GB/s for one large one:
 shared/notes/performance.md). Products that read the same input become one:
@@ -14,7 +14,7 @@ per row and group of inputs (int4), so its quantized values are those of the sep
 layers, rows side by side. The model keeps one copy of the weights: the old names
 (q_proj, ..., up_proj) become `ProjectionPart`s that take their slice of the fused
 output, computed once per input, so the model's own forward runs on as it did. The lean
-decode step (placement/lean_forward.py) calls the fused layers directly.
+decode pass (placement/lean_forward.py) calls the fused layers directly.
 
 Only the llama-shaped families are fused (their attention and MLP read each input in
 the same way); under tensor parallelism nothing is, since transformers' plans name the

@@ -8,10 +8,10 @@ microseconds per call, which on a small model ate the gain (211 products a token
 this module calls the kernel itself, as Int8Linear does for int8 (placement/packed_linear.py:
 when it runs the kernel and when it widens the weights instead).
 
-Each group of GROUP_SIZE inputs of an output row keeps its own minimum and step (the
+Each group of GROUP_SIZE inputs of an output row keeps its own minimum and scale (the
 GGUF Q4_1 scheme, whose blocks are 32 wide: weights that came from a Q4_1 file come back
-on the same grid): w = q * step + minimum, q in 0..15. The kernel takes the pair as
-(step, minimum + 8 * step), in the activations' dtype.
+on the same grid): w = q * scale + minimum, q in 0..15. The kernel takes the pair as
+(scale, minimum + 8 * scale), in the activations' dtype.
 """
 
 from __future__ import annotations
@@ -67,38 +67,38 @@ def packed_layout() -> PackedLayout | None:
 
 
 class Int4Grid(NamedTuple):
-    """Weights on a 4-bit grid, each group of GROUP_SIZE inputs of an output row with its own step and minimum:
-    w = levels * step + minimum. GGUF's Q4_1 blocks are such groups; Q4_0's are too, with minimum = -8 * step."""
+    """Weights on a 4-bit grid, each group of GROUP_SIZE inputs of an output row with its own scale and minimum:
+    w = levels * scale + minimum. GGUF's Q4_1 blocks are such groups; Q4_0's are too, with minimum = -8 * scale."""
 
     levels: torch.Tensor  # [out, in], integers 0..15
-    step: torch.Tensor  # [out, in / GROUP_SIZE]
+    scale: torch.Tensor  # [out, in / GROUP_SIZE]: the distance between two levels
     minimum: torch.Tensor  # [out, in / GROUP_SIZE]
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """W [out, in] in `dtype`, computed in float32 (a product and a sum, each rounded once)."""
         out_features, in_features = self.levels.shape
         groups = self.levels.view(out_features, -1, GROUP_SIZE).float()  # [out, groups, 32]
-        weight = groups * self.step.float()[..., None] + self.minimum.float()[..., None]
+        weight = groups * self.scale.float()[..., None] + self.minimum.float()[..., None]
         return weight.view(out_features, in_features).to(dtype)
 
 
 def quantize_groups(weight: torch.Tensor) -> Int4Grid:
-    """`weight` [out, in] on the grid that fits each group best: levels int32, float32 steps and minimums.
+    """`weight` [out, in] on the grid that fits each group best: levels int32, float32 scales and minimums.
     Rows are widened QUANTIZED_ROWS at a time (int8_linear.quantize_rows says why)."""
     out_features, in_features = weight.shape
     levels = torch.empty(weight.shape, dtype=torch.int32, device=weight.device)
-    step = torch.empty(out_features, in_features // GROUP_SIZE, device=weight.device)
-    minimum = torch.empty_like(step)
+    scale = torch.empty(out_features, in_features // GROUP_SIZE, device=weight.device)
+    minimum = torch.empty_like(scale)
     if weight.is_meta:  # a model built empty: the shapes are all there is to know
-        return Int4Grid(levels, step, minimum)
+        return Int4Grid(levels, scale, minimum)
     for start in range(0, out_features, QUANTIZED_ROWS):
         end = start + QUANTIZED_ROWS
         groups = weight[start:end].float().reshape(-1, in_features // GROUP_SIZE, GROUP_SIZE)  # [rows, groups, 32]
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        steps = ((high - low) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
-        q = torch.round((groups - low[..., None]) / steps[..., None]).clamp(0, LEVELS)
-        levels[start:end], step[start:end], minimum[start:end] = q.reshape(-1, in_features), steps, low
-    return Int4Grid(levels, step, minimum)
+        scales = ((high - low) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+        q = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, LEVELS)
+        levels[start:end], scale[start:end], minimum[start:end] = q.reshape(-1, in_features), scales, low
+    return Int4Grid(levels, scale, minimum)
 
 
 class GridLinear(torch.nn.Linear):
@@ -129,7 +129,7 @@ def int4_grid(linear: torch.nn.Linear) -> Int4Grid:
 
 
 class Int4Linear(PackedLinear):
-    """y = x @ W.T + bias, W = q * step + minimum per group of GROUP_SIZE inputs of an output row."""
+    """y = x @ W.T + bias, W = q * scale + minimum per group of GROUP_SIZE inputs of an output row."""
 
     kernel_max_rows = INT4_KERNEL_MAX_ROWS
     weight_int4: torch.Tensor  # buffers, registered in __init__
@@ -141,11 +141,11 @@ class Int4Linear(PackedLinear):
         if layout is None:  # built only where fits_int4_kernel() said the layout is one this layer reads
             raise RuntimeError("this torch packs int4 weights in a layout Int4Linear cannot read")
         self.layout = layout
-        q, step, minimum = int4_grid(linear)
-        step, minimum = step.float(), minimum.float()
+        q, scale, minimum = int4_grid(linear)
+        scale, minimum = scale.float(), minimum.float()
         self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
-        # [groups, out, 2]: (step, minimum + 8 * step) per group and output row, as the kernel reads them.
-        pairs = torch.stack([step, minimum + 8 * step], dim=-1).transpose(0, 1)
+        # [groups, out, 2]: (scale, minimum + 8 * scale) per group and output row, as the kernel reads them.
+        pairs = torch.stack([scale, minimum + 8 * scale], dim=-1).transpose(0, 1)
         self.register_buffer("scales_and_zeros", pairs.contiguous().to(linear.weight.dtype))
 
     def product(self, rows: torch.Tensor) -> torch.Tensor:
@@ -159,9 +159,9 @@ class Int4Linear(PackedLinear):
         out_features, in_features, layout = self.out_features, self.in_features, self.layout
         weight = torch.empty(out_features // layout.block, layout.block, in_features, dtype=dtype)
         weight.copy_(_nibbles(self.weight_int4, layout, out_features, in_features).transpose(1, 2))  # the levels
-        step, zero = self.scales_and_zeros.to(dtype).unbind(dim=-1)  # [groups, out] each
+        scale, zero = self.scales_and_zeros.to(dtype).unbind(dim=-1)  # [groups, out] each
         groups = weight.view(out_features, -1, GROUP_SIZE)  # [out, groups, 32]
-        groups.mul_(step.T[..., None]).add_((zero - 8 * step).T[..., None])  # q * step + minimum, in place
+        groups.mul_(scale.T[..., None]).add_((zero - 8 * scale).T[..., None])  # q * scale + minimum, in place
         return weight.view(out_features, in_features)
 
 

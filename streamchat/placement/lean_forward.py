@@ -1,10 +1,10 @@
-"""The decode step written out for the llama family: one token per row, as few operations as the math needs.
+"""The decode pass written out for the llama family: one token per row, as few operations as the math needs.
 
-transformers' forward pass is general: every decode step it builds masks, position
+transformers' forward pass is general: every decode pass it builds masks, position
 embeddings and per-layer views through a few thousand small operations and the Python
 around them, which on a CPU cost as much as the matrix products (issue 22: about 6,000
 aten calls a token for the default model). Once the sink cache hands over the positions
-and the masks, one token's step needs little of that:
+and the masks, one token's pass needs little of that:
 
     embed -> for each layer:  RMSNorm, qkv (one fused product), rotary on q and k together,
                               cache.update (the sink cache writes the slot), attention
@@ -19,18 +19,18 @@ agree with `model(...)` to rounding and bfloat16 ones within its bounds
 under different masks. It takes the fused layers placement/fusion.py made at load time;
 models without them run their own forward (lean_forward_for gives None).
 
-`ragged` runs one step of tokens from several caches, vLLM's way: the tokens of every
+`ragged` runs one pass of tokens from several caches, vLLM's way: the tokens of every
 segment (a batch's decode rows, one token each, or a prompt chunk of one conversation)
 go through the products together, as one [1, tokens, hidden] input that reads each weight
 once, and only attention runs per segment, through its own cache and mask (a chunk
 through the attention the model's own forward calls).
 
-The fused step (FusedDecode): even written out, a one-token step is about 1,400 torch
+The fused decode (FusedDecode): even written out, a one-token pass is about 1,400 torch
 operators for the default model (reshapes, slices, the rotary's products, the cache's
-index copies), each with its dispatch and Python around it: half of a 9 ms step on a
+index copies), each with its dispatch and Python around it: half of a 9 ms pass on a
 2-core CPU. Where the native kernels run the layers anyway (int4 weights through
 TiledInt4Linear, bfloat16 activations, rows of a SinkCache or a pool whose layers all keep
-sinks), one call of kernels/decode_layers.c runs every layer of the step for every row,
+sinks), one call of kernels/decode_layers.c runs every layer of the pass for every row,
 the cache's slot writes and sink rotations included, rounding as these operators round:
 its logits and caches equal this module's, bit for bit (tests/placement/test_fused_decode.py).
 Python keeps the embedding, the rotary angles, the final norm and the head.
@@ -59,7 +59,7 @@ MAX_GROUPS = 16  # query heads per key/value head the attention kernel takes
 
 
 class _Layer(NamedTuple):
-    """What one decoder layer's step reads, gathered once."""
+    """What one decoder layer reads, gathered once."""
 
     number: int  # from 0 (not `index`: a tuple's method)
     input_norm: torch.Tensor  # [hidden]
@@ -73,11 +73,11 @@ class _Layer(NamedTuple):
 
 
 class Segment(NamedTuple):
-    """Consecutive tokens of a ragged step that attend through one cache."""
+    """Consecutive tokens of a ragged pass that attend through one cache."""
 
-    length: int  # how many of the step's tokens
+    length: int  # how many of the pass's tokens
     cache: Any  # decode rows: the pool (a CacheBatch) or one reply's SinkCache; a chunk: its conversation's SinkCache
-    mask: torch.Tensor | dict[str, torch.Tensor]  # as the cache's step handed it over
+    mask: torch.Tensor | dict[str, torch.Tensor]  # as the cache's pass handed it over
     decode: bool  # one token for each of `length` rows, or one row of `length` tokens
 
 
@@ -115,7 +115,7 @@ class LeanForward:
             )
             for index, layer in enumerate(inner.layers)
         ]
-        # Every layer of a one-token step in one native call, where the layers are native int4.
+        # Every layer of a one-token pass in one native call, where the layers are native int4.
         self.fused = FusedDecode.for_layers(
             self.layers, self.q_heads, self.kv_heads, self.head_dim, self.eps, self.scaling
         )
@@ -131,7 +131,7 @@ class LeanForward:
         hidden = self.embed(input_ids)  # [batch, 1, hidden]
         cos, sin = self.rotary(hidden, position_ids)  # [batch, 1, head_dim], the model's dtype
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [batch, 1, 1, head_dim]
-        masks = _each_mask(attention_mask, decode_mask)  # converted once per step, not once per layer
+        masks = _each_mask(attention_mask, decode_mask)  # converted once per pass, not once per layer
         fused = None if self.fused is None else self.fused(hidden, cos, sin, masks, cache)
         if fused is not None:
             return self._logits(self._norm(fused, self.final_norm))
@@ -154,7 +154,7 @@ class LeanForward:
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden]
         cos, sin = self.rotary(hidden, position_ids[None])  # [1, tokens, head_dim]
         cos, sin = cos[:, :, None], _signed(sin)[:, :, None]  # [1, tokens, 1, head_dim]
-        # A decode segment's masks as decode_attention takes them, converted once per step.
+        # A decode segment's masks as decode_attention takes them, converted once per pass.
         masks = [_each_mask(segment.mask, decode_mask) if segment.decode else segment.mask for segment in segments]
         for layer in self.layers:
             query_key, value = self._projections(layer, hidden)
@@ -236,7 +236,7 @@ class LeanForward:
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """LlamaRMSNorm's operations: in float32, then back to the model's dtype before the weight (in one call
-        of the native kernel where it is in use: nine of torch's, 61 norms a step of the default model)."""
+        of the native kernel where it is in use: nine of torch's, 61 norms a pass of the default model)."""
         native = native_in_use()
         if native is not None and hidden.device.type == "cpu" and not torch.compiler.is_compiling():
             normed = native.rms_norm(hidden, weight, self.eps)
@@ -248,7 +248,7 @@ class LeanForward:
 
 
 def _store(cache: Any, keys: torch.Tensor, values: torch.Tensor, number: int) -> Stored:
-    """The step's keys and values [batch, kv_heads, n, head_dim] written: what attention reads, as the cache
+    """The pass's keys and values [batch, kv_heads, n, head_dim] written: what attention reads, as the cache
     stores it where it can say (a sink cache's int8 window, read without widening it), else its update's."""
     store = getattr(cache, "store", None)
     return cache.update(keys, values, number) if store is None else store(keys, values, number)
@@ -266,7 +266,7 @@ def _signed(sin: torch.Tensor) -> torch.Tensor:
 
 
 def lean_forward_for(model: Any) -> LeanForward | None:
-    """The lean step for `model`, or None where it has no fused layers or is not plain llama in shape."""
+    """The lean forward for `model`, or None where it has no fused layers or is not plain llama in shape."""
     if not fusable(model):
         return None
     config = model.config.get_text_config(decoder=True)
@@ -283,7 +283,7 @@ def lean_forward_for(model: Any) -> LeanForward | None:
     return LeanForward(model)
 
 
-# ---- the fused step: every layer in one native call ------------------------------------------
+# ---- the fused decode: every layer in one native call ----------------------------------------
 
 
 def _projection(linear: TiledInt4Linear) -> list[int]:
@@ -293,7 +293,7 @@ def _projection(linear: TiledInt4Linear) -> list[int]:
 
 
 class FusedDecode:
-    """hidden [rows, 1, hidden_size] after every layer of a one-token step, through the native kernel."""
+    """hidden [rows, 1, hidden_size] after every layer of a one-token pass, through the native kernel."""
 
     def __init__(
         self, layers: Sequence[Any], kernels: NativeKernels, dims: list[int], eps: float, scale: float
@@ -318,7 +318,7 @@ class FusedDecode:
     def for_layers(
         cls, layers: Sequence[Any], q_heads: int, kv_heads: int, head_dim: int, eps: float, scale: float
     ) -> FusedDecode | None:
-        """The fused step over the lean forward's layers, or None where a layer is not one the kernel runs."""
+        """The fused decode over the lean forward's layers, or None where a layer is not one the kernel runs."""
         projections = [(layer.qkv.linear, layer.o_proj, layer.gate_up.linear, layer.down) for layer in layers]
         if not all(isinstance(each, TiledInt4Linear) for four in projections for each in four):
             return None
@@ -338,8 +338,8 @@ class FusedDecode:
     def __call__(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any, cache: Any
     ) -> torch.Tensor | None:
-        """hidden [rows, 1, hidden_size] bfloat16 through every layer, the cache's step written; None (nothing
-        done) where the step is not one the kernel takes: cos, sin [rows, 1, 1, head_dim] (sin signed), the
+        """hidden [rows, 1, hidden_size] bfloat16 through every layer, the cache's pass written; None (nothing
+        done) where the pass is not one the kernel takes: cos, sin [rows, 1, 1, head_dim] (sin signed), the
         decode mask as decode_mask made it."""
         if native_in_use() is None or torch.compiler.is_compiling() or not isinstance(cache, (SinkCache, CacheBatch)):
             return None
@@ -402,7 +402,7 @@ def _alike(layers: list[tuple[torch.Tensor, ...]]) -> bool:
 
 
 def _takes_mask(mask: Any, rows: int, extent: int) -> bool:
-    """A float32 mask over the step's slots, a row each, contiguous (decode_mask's), or none."""
+    """A float32 mask over the pass's slots, a row each, contiguous (decode_mask's), or none."""
     if mask is None:
         return True
     taken = isinstance(mask, torch.Tensor) and mask.dtype == torch.float32 and mask.is_contiguous()

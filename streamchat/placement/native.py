@@ -6,10 +6,10 @@
     kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
     kernels.decode_attention_int8(query, window, mask, scale)     # the same over an int8 cache's window
     kernels.rms_norm(hidden, weight, eps)         # LlamaRMSNorm of bfloat16 rows (lean_forward.py)
-    kernels.decode_layers(table, dims, ...)       # every layer of a one-token step (lean_forward.py)
+    kernels.decode_layers(table, dims, ...)       # every layer of a one-token pass (lean_forward.py)
     use_native_kernels(kernels)                   # what attention and the lean forward call, in this process
 
-Where torch's CPU kernels leave most of a decode step's time on the table (aten's int4
+Where torch's CPU kernels leave most of a decode pass's time on the table (aten's int4
 and int8 products reread the weights every 4 rows and widen each to float32; a bfloat16
 matrix product costs ~100 us a call whatever its size), these are small C files written once
 against 16-lane vectors (kernels/vectors.h), threaded by OpenMP: linked to libgomp, the runtime
@@ -18,7 +18,8 @@ torch loaded, so they share its thread pool. They are built for the best variant
 AVX2 with FMA and F16C (most laptops' CPUs), the same packed weights for both.
 STREAMCHAT_NATIVE_KERNELS=avx2 asks for a variant by name, =0 for none. The shared library
 goes to streamchat's cache dir under a name hashed from the sources and flags, so a machine
-builds it once (a few seconds), and each kernel is checked against torch before first use.
+builds it once (a few seconds), and each kernel is checked against torch before first use
+(decode_layers: a tiny synthetic layer set, against the lean forward's torch operations).
 Anywhere else, if the build or a check fails, there are no native kernels and every caller
 keeps torch's (the same results within rounding).
 """
@@ -29,18 +30,15 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
 import re
-import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from streamchat import defaults
 from streamchat.cache.quantized_kv import QuantizedWindow, quantize
+from streamchat.placement.device import Variant, c_compiler, chosen_variant, cpu_flags, kernels_asked
 
 TILE = 16  # outputs a tile of int4 weights holds: one vector lane each (int4_rows.c)
 KERNELS = Path(__file__).parent / "kernels"
@@ -52,25 +50,6 @@ BUILD_TIMEOUT_S = 120
 # Far above what the kernels' rounding gives (about 0.2 %): a check that finds more is a broken build.
 CHECK_TOLERANCE = 0.02
 
-
-@dataclass(frozen=True)
-class Variant:
-    """One build of the kernels: the instructions it is compiled for, and the CPU flags (as /proc/cpuinfo
-    names them) that must all be there to run it."""
-
-    name: str
-    compiler_flags: tuple[str, ...]
-    cpu_flags: frozenset[str]
-
-
-AVX512 = Variant(
-    "avx512",
-    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c"),
-    frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "fma", "f16c"}),
-)
-AVX2 = Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"}))
-VARIANTS = (AVX512, AVX2)  # the best first: what a CPU gets unless the environment names one
-NO_KERNELS = "0"  # STREAMCHAT_NATIVE_KERNELS=0: torch's kernels only
 
 # kernels.h's C types as ctypes takes them: every pointer is an address (c_void_p), "void" returns nothing.
 _C_TYPES = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "void": None}
@@ -221,7 +200,7 @@ class NativeKernels:
         eps: float,
         scale: float,
     ) -> None:
-        """Every layer of a one-token step for each row of hidden [rows, hidden_size] (bfloat16, contiguous),
+        """Every layer of a one-token pass for each row of hidden [rows, hidden_size] (bfloat16, contiguous),
         overwritten with the last layer's output; the int64 table [layers, fields] and dims, and the rows'
         slots, sinks and angles, as kernels/decode_layers.c lays them out."""
         answer = self._decode_layers(
@@ -261,46 +240,14 @@ def native_in_use() -> NativeKernels | None:
 def load_native_kernels(directory: Path, asked: str | None = None) -> NativeKernels | None:
     """The kernels, built into `directory` if not there yet; None where they cannot be built or run here.
     `asked` names a variant ("avx2"), as STREAMCHAT_NATIVE_KERNELS does when it is None."""
-    variant = chosen_variant(_asked(asked), cpu_flags())
+    variant = chosen_variant(kernels_asked(asked), cpu_flags())
     if variant is None:
         return None
     try:
         kernels = NativeKernels(_built(directory, variant))
-    except (OSError, subprocess.SubprocessError):
+        return kernels if _checks_out(kernels) else None
+    except (OSError, subprocess.SubprocessError, ValueError, MemoryError):  # not built or bound, or a check raised
         return None
-    return kernels if _checks_out(kernels) else None
-
-
-def chosen_variant(asked: str, flags: frozenset[str]) -> Variant | None:
-    """The variant STREAMCHAT_NATIVE_KERNELS names (`asked`: "0" for none, "" or any other value for the
-    best) if a CPU with `flags` runs it, else None."""
-    if asked == NO_KERNELS:
-        return None
-    named = [variant for variant in VARIANTS if variant.name == asked.strip().lower()]
-    return next((variant for variant in named or VARIANTS if variant.cpu_flags <= flags), None)
-
-
-def native_kernels_run_here() -> bool:
-    """Whether load_native_kernels can be expected to give kernels here: a variant this CPU runs (and the
-    environment allows), and a C compiler to build it. Nothing is built."""
-    return chosen_variant(_asked(None), cpu_flags()) is not None and _compiler() is not None
-
-
-def _asked(asked: str | None) -> str:
-    return os.environ.get(defaults.NATIVE_KERNELS_ENV, "") if asked is None else asked
-
-
-def cpu_flags() -> frozenset[str]:
-    """The instruction set flags every processor of this machine lists; none where the kernels cannot run
-    (not Linux on x86-64) or the flags cannot be read."""
-    if platform.system() != "Linux" or platform.machine() != "x86_64":
-        return frozenset()
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    lines = [line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")]
-    return frozenset.intersection(*map(frozenset, lines)) if lines else frozenset()
 
 
 def _built(directory: Path, variant: Variant) -> Path:
@@ -310,7 +257,7 @@ def _built(directory: Path, variant: Variant) -> Path:
     library = directory / f"streamchat-kernels-{variant.name}-{digest.hexdigest()[:16]}.so"
     if library.exists():
         return library
-    compiler = _compiler()
+    compiler = c_compiler()
     if compiler is None:
         raise OSError("no C compiler")
     directory.mkdir(parents=True, exist_ok=True)
@@ -322,17 +269,11 @@ def _built(directory: Path, variant: Variant) -> Path:
     return library
 
 
-def _compiler() -> str | None:
-    """$CC if it names a program that is there, else cc or gcc; None without one."""
-    named = os.environ.get("CC")
-    return shutil.which(named) if named else shutil.which("cc") or shutil.which("gcc")
-
-
 def _checks_out(kernels: NativeKernels) -> bool:
-    """Whether each kernel agrees with torch on small random inputs."""
+    """Whether each kernel agrees with torch on small random inputs (decode_layers, which calls the others, last)."""
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(3, 64, generator=generator)
-    # Every level 1, step 1, minimum 0: W is all ones, each output its row's sum.
+    # Every level 1, scale 1, minimum 0: W is all ones, each output its row's sum.
     nibbles = torch.full((2, 2, 256), 0x11, dtype=torch.uint8)
     params = torch.stack([torch.ones(2, 2, TILE), torch.zeros(2, 2, TILE)], dim=2).half()
     row_sums = rows.sum(dim=1, keepdim=True).expand(3, 32)
@@ -350,29 +291,109 @@ def _checks_out(kernels: NativeKernels) -> bool:
     attended = kernels.decode_attention(query, keys, values, mask, 0.5)
     attention_agrees = attended is not None and _close(attended, expected)
     # The same over an int8 window, its first 2 slots exact sinks: against the window widened.
-    window = _int8_window(keys, values, sinks=2)
+    (key_levels, key_scales), (value_levels, value_scales) = quantize(keys), quantize(values)
+    sinks = (keys[:, :, :2].contiguous(), values[:, :, :2].contiguous(), torch.full((2,), 2))
+    window = QuantizedWindow(key_levels, value_levels, key_scales, value_scales, *sinks)
     attended = kernels.decode_attention_int8(query, window, mask, 0.5)
     widened_keys, widened_values = window.widened()
     expected = torch.softmax(query @ widened_keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ widened_values
     attention_agrees = attention_agrees and attended is not None and _close(attended, expected)
     hidden, weight = rows.bfloat16(), torch.randn(64, generator=generator).bfloat16()
-    wide = hidden.float()
-    normed = weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
     return (
         int4_agrees
         and int8_agrees
         and attention_agrees
         and (norm := kernels.rms_norm(hidden, weight, 1e-5)) is not None
-        and _close(norm, normed)
+        and _close(norm, _rms_norm(hidden, weight))
+        and _decode_layers_agree(kernels, generator)
     )
 
 
-def _int8_window(keys: torch.Tensor, values: torch.Tensor, sinks: int) -> QuantizedWindow:
-    """keys and values [B, KV, S, D] as an int8 cache stores them, their first `sinks` slots kept exact."""
-    (key_levels, key_scales), (value_levels, value_scales) = quantize(keys), quantize(values)
-    exact = torch.full((keys.shape[0],), sinks)
-    sink_keys, sink_values = keys[:, :, :sinks].contiguous(), values[:, :, :sinks].contiguous()
-    return QuantizedWindow(key_levels, value_levels, key_scales, value_scales, sink_keys, sink_values, exact)
+# decode_layers' check: 2 query heads over 1 key/value head; a full bfloat16 cache, each row with its own sinks.
+_LAYERS, _ROWS, _HIDDEN, _INTERMEDIATE, _Q_HEADS, _HEAD_DIM, _SLOTS, _SINKS = 2, 2, 32, 32, 2, 16, 6, 2
+# A synthetic layer: its two norms; qkv, o_proj, gate_up and down (nibbles, params); keys, values, pristine, partners.
+_Layer = tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]
+
+
+def _decode_layers_agree(kernels: NativeKernels, generator: torch.Generator) -> bool:
+    """Whether decode_layers runs a tiny synthetic layer set as the lean forward's torch operations do
+    (_lean_layers), within CHECK_TOLERANCE: the rows' hidden states, and the keys and values it writes (each
+    row's new token in its slot, its sinks turned). Its table of raw addresses and its dims are laid out as
+    lean_forward.FusedDecode lays them out for a full cache (whose key scales and exact sinks are its keys)."""
+
+    def random(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    def int4(out: int, inputs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tile-packed random levels, each group's scale random and its minimum -8 scales (native_layers.py)."""
+        nibbles = torch.randint(0, 256, (out // TILE, inputs // 32, 256), dtype=torch.uint8, generator=generator)
+        scales = torch.rand(out // TILE, inputs // 32, 1, TILE, generator=generator) * 0.02 + 0.005
+        return nibbles, torch.cat([scales, -8 * scales], dim=2).half()
+
+    # qkv (the query heads, a key, a value), o_proj, gate_up, down: [out, in] each.
+    shapes = [((_Q_HEADS + 2) * _HEAD_DIM, _HIDDEN), (_HIDDEN, _Q_HEADS * _HEAD_DIM)]
+    shapes += [(2 * _INTERMEDIATE, _HIDDEN), (_HIDDEN, _INTERMEDIATE)]
+    cached = [(_ROWS, 1, _SLOTS, _HEAD_DIM)] * 2  # keys, values; then the sinks' pristine keys, their partners
+    layers: list[_Layer] = [
+        ([(1 + random(_HIDDEN) / 8).bfloat16() for _ in "io"], [int4(*shape) for shape in shapes],
+         [random(*shape).bfloat16() for shape in cached] + [random(_ROWS, 1, _SINKS, _HEAD_DIM) for _ in "pq"])
+        for _ in range(_LAYERS)
+    ]  # fmt: skip
+    table = torch.tensor(
+        [
+            [norm.data_ptr() for norm in norms]
+            + [address for nibbles, params in projections for address in (nibbles.data_ptr(), params.data_ptr(), 0)]
+            + [tensor.data_ptr() for tensor in (*cache, *cache[:2], *cache[:2])]
+            for norms, projections, cache in layers
+        ]
+    )
+    keys, pristine = layers[0][2][0].stride()[:2], layers[0][2][2].stride()[:2]
+    sizes = [_HIDDEN, _Q_HEADS, 1, _HEAD_DIM, _INTERMEDIATE, _ROWS]  # then the strides; the key scales' are the keys'
+    dims = torch.tensor([*sizes, *keys, *keys, *pristine, _HEAD_DIM, _SLOTS, 0, *keys, *keys])
+    angles, sink_angles = (random(_ROWS, _HEAD_DIM // 2).repeat(1, 2) for _ in "as")  # rotate_half's layout
+    signs = torch.tensor([-1.0, 1.0]).repeat_interleave(_HEAD_DIM // 2)  # sin signed, as lean_forward signs it
+    cos, sin = angles.cos().bfloat16(), (angles.sin() * signs).bfloat16()
+    mask = torch.zeros(_ROWS, _SLOTS)
+    mask[0, 4:] = mask[1, 1] = torch.finfo(torch.float32).min  # slots that hold no token of the row's
+    # Each row's slot and sinks, its angles, its sinks' angles, its mask: as decode_layers takes them.
+    rows = (torch.tensor([3, 5]), torch.tensor([2, 1]), cos, sin, sink_angles.cos(), sink_angles.sin(), mask)
+    hidden = random(_ROWS, _HIDDEN).bfloat16()
+    expected, caches = _lean_layers(kernels, layers, hidden, rows)
+    kernels.decode_layers(table, dims, rows[0], rows[1], hidden, *rows[2:], 1e-5, _HEAD_DIM**-0.5)
+    written = [tensor for _, _, cache in layers for tensor in cache[:2]]
+    return _close(hidden, expected) and all(_close(got, want) for got, want in zip(written, caches, strict=True))
+
+
+def _lean_layers(
+    kernels: NativeKernels, layers: list[_Layer], hidden: torch.Tensor, rows: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """hidden [rows, hidden] after `layers`, as lean_forward.LeanForward's layer loop computes it over a full
+    bfloat16 cache: torch's operations in the same dtypes, the int4 products through int4_rows; and copies of each
+    layer's keys and values written as SinkLayer.decode writes them, the sinks turned from pristine."""
+    slots, sinks, cos, sin, sink_cos, sink_sin, mask = rows
+    caches = []
+    for norms, (qkv, o_proj, gate_up, down), (*stored, pristine, partners) in layers:
+        keys, values = (tensor.clone() for tensor in stored)
+        heads = kernels.int4_rows(_rms_norm(hidden, norms[0]), *qkv).view(len(hidden), -1, _HEAD_DIM)  # q..., k, v
+        turned = heads[:, :-1] * cos[:, None] + heads[:, :-1].roll(_HEAD_DIM // 2, dims=-1) * sin[:, None]
+        for row, (slot, count) in enumerate(zip(slots.tolist(), sinks.tolist(), strict=True)):
+            keys[row, 0, slot], values[row, 0, slot] = turned[row, -1], heads[row, -1]
+            placed = torch.addcmul(pristine[row, :, :count] * sink_cos[row], partners[row, :, :count], sink_sin[row])
+            keys[row, :, :count] = placed.bfloat16()
+        # [rows, key/value heads, query heads a key head, head_dim]: each query over its row's slots.
+        scores = turned[:, None, :-1].float() @ keys.float().transpose(-1, -2) * _HEAD_DIM**-0.5 + mask[:, None, None]
+        attended = (torch.softmax(scores, dim=-1) @ values.float()).bfloat16().reshape(len(hidden), -1)
+        hidden = hidden + kernels.int4_rows(attended, *o_proj)
+        gate, up = kernels.int4_rows(_rms_norm(hidden, norms[1]), *gate_up).chunk(2, dim=-1)
+        hidden = hidden + kernels.int4_rows(torch.nn.functional.silu(gate) * up, *down)
+        caches += [keys, values]
+    return hidden, caches
+
+
+def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LlamaRMSNorm's operations on bfloat16 rows, as lean_forward runs them without the kernel."""
+    wide = hidden.float()
+    return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).bfloat16()
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -7,7 +7,7 @@ AVX-512 VNNI, reading each tile of weights once for 8 rows: 1.5-2.2x faster than
 to 128 rows on the default model's layers, closer to a float32 product than aten's
 (scripts/int4_kernel_figures.py); on AVX2 with byte multiply-adds summed in int16 over a group,
 2 rows at a time: 2.2-3.3x faster than aten's for one row, 2.0x for 128 (one thread). The
-weights are Int4Linear's levels, steps and minimums (quantize_groups), steps and minimums in
+weights are Int4Linear's levels, scales and minimums (quantize_groups), scales and minimums in
 float16 (as in GGUF Q4_1), packed in tiles of 16 outputs.
 
 TiledInt8Head: the output head in int8 (Int8Linear's rows and scales), computed the same way
@@ -32,7 +32,7 @@ from streamchat.placement.packed_linear import PackedLinear
 
 @torch.library.custom_op("streamchat::int4_rows", mutates_args=())
 def _int4_rows(rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, library: str) -> torch.Tensor:
-    """The kernel built at `library`, as an op a compiled step can call."""
+    """The kernel built at `library`, as an op a compiled graph can call."""
     return _kernels_at(library).int4_rows(rows, nibbles, params)
 
 
@@ -45,7 +45,7 @@ def _(rows: torch.Tensor, nibbles: torch.Tensor, params: torch.Tensor, library: 
 def _int8_rows(
     rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, library: str
 ) -> torch.Tensor:
-    """The int8 kernel built at `library`, as an op a compiled step can call."""
+    """The int8 kernel built at `library`, as an op a compiled graph can call."""
     return _kernels_at(library).int8_rows(rows, packed, scales, sums)
 
 
@@ -72,15 +72,15 @@ def fits_native_int4(linear: torch.nn.Linear) -> bool:
 def pack_tiles(weight: torch.Tensor | Int4Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """`weight` [out, in], quantized as Int4Linear quantizes it unless it is a grid already, in the kernel's
     layout (int4_rows.c): nibbles uint8 [out / 16, in / 32, 256] and float16 params [out / 16, in / 32, 2, 16]
-    (steps, minimums)."""
-    levels, step, minimum = weight if isinstance(weight, Int4Grid) else quantize_groups(weight)
+    (scales, minimums)."""
+    levels, scale, minimum = weight if isinstance(weight, Int4Grid) else quantize_groups(weight)
     out_features, in_features = levels.shape
     tiles, groups = out_features // TILE, in_features // GROUP_SIZE
     # [out, in] -> [tiles, output, groups, pair p, nibble, input j] -> [tiles, groups, p, output, j, nibble]
     split = levels.to(torch.uint8).view(tiles, TILE, groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     nibbles = (split[..., 0] | split[..., 1] << 4).reshape(tiles, groups, 4 * TILE * 4)
     # [out, groups] -> [tiles, groups, 16] each, stacked [tiles, groups, 2, 16]
-    params = torch.stack([part.view(tiles, TILE, groups).transpose(1, 2) for part in (step, minimum)], dim=2)
+    params = torch.stack([part.view(tiles, TILE, groups).transpose(1, 2) for part in (scale, minimum)], dim=2)
     return nibbles.contiguous(), params.to(torch.float16).contiguous()
 
 
@@ -94,16 +94,16 @@ def tile_levels(nibbles: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_tiles(nibbles: torch.Tensor, params: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W [out, in] in `dtype`: q * step + minimum."""
+    """W [out, in] in `dtype`: q * scale + minimum."""
     levels = tile_levels(nibbles)
     out_features, in_features = levels.shape
-    step, minimum = (params[:, :, part].transpose(1, 2).reshape(out_features, -1, 1) for part in (0, 1))
+    scale, minimum = (params[:, :, part].transpose(1, 2).reshape(out_features, -1, 1) for part in (0, 1))
     groups = levels.view(out_features, -1, GROUP_SIZE).to(dtype)  # [out, groups, 32]
-    return (groups * step.to(dtype) + minimum.to(dtype)).view(out_features, in_features)
+    return (groups * scale.to(dtype) + minimum.to(dtype)).view(out_features, in_features)
 
 
 class TiledInt4Linear(PackedLinear):
-    """y = x @ W.T + bias, W = q * step + minimum per group of GROUP_SIZE inputs, through the native kernel.
+    """y = x @ W.T + bias, W = q * scale + minimum per group of GROUP_SIZE inputs, through the native kernel.
 
     Prompt chunks of any length run through the kernel too: widening the weights first costs
     more than the kernel saves (576 -> 3072, 128 rows: 1.5 ms, against 1.9 ms to widen and 1.2

@@ -149,7 +149,8 @@ def quantize_model(
     native: NativeKernels | None = None,
     within: torch.nn.Module | None = None,
 ) -> int:
-    """Quantize `model`'s linear layers in place as `plan` says; return how many layers were quantized.
+    """Quantize `model`'s linear layers in place as `plan` says, and where they are streamchat's CPU layers its
+    input embedding too (int8 blocks, once `within` is the whole model); return how many layers were quantized.
 
     `within`: only the layers inside that module of `model` (a decoder layer just filled, while the rest of
     the model is still being read). A layer whose shape the scheme's kernel cannot take stays as it is, and
@@ -168,7 +169,21 @@ def quantize_model(
         count += _apply(model, scope, plan.layers, chosen, native)
     if plan.head is not None and isinstance(head, torch.nn.Linear):
         count += _apply(model, scope, plan.head, lambda module: module is head, native)
+    if scope is model and quantizes_while_loading(plan):
+        # After the head, which a tied table quantizes from: the embedding is made int8 blocks in turn.
+        count += _pack_embedding(model)
     return count
+
+
+def _pack_embedding(model: PreTrainedModel) -> int:
+    """The input embedding as int8 blocks (placement/int8_linear.py: Q8_0's layout); 1 where it was packed."""
+    from streamchat.placement.int8_linear import BlockInt8Embedding, fits_block_embedding
+
+    embedding = model.get_input_embeddings()
+    if not fits_block_embedding(embedding):
+        return 0
+    model.set_input_embeddings(BlockInt8Embedding(embedding))
+    return 1
 
 
 def quantizes_while_loading(plan: QuantizationPlan) -> bool:

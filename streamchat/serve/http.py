@@ -1,29 +1,32 @@
-"""The HTTP face: Starlette routes over the worker, in the OpenAI chat API's shapes.
+"""The HTTP face: Starlette routes over the worker, in OpenAI's and Anthropic's API shapes.
 
-    POST /v1/chat/completions   a reply, whole or streamed as server-sent events
+    POST /v1/chat/completions   OpenAI's chat completions: a reply, whole or streamed as server-sent events
+    POST /v1/responses          OpenAI's Responses API (streamchat.serve.apis.openai_responses)
+    POST /v1/messages           Anthropic's Messages API (streamchat.serve.apis.anthropic_messages)
     GET  /v1/models             the one model served
     GET  /v1/conversations      the conversations: live, parked, saved
     GET  /health                no key needed
 
-Every reply says which conversation it continued and what its cache holds, in the
-X-Streamchat-Conversation and X-Streamchat-Cache headers, and X-Streamchat-Warning says
-what the client should know of it (a max_tokens clamped, a message read only in part).
-With an API key, every endpoint but /health wants `Authorization: Bearer KEY`. Errors are
-OpenAI's error body. A client that goes away stops its reply within a step, streamed or
-not; a body not sent within SERVE_BODY_SECONDS is a 408.
+Every API reads its request into a ChatRequest and runs the same Turn on the same
+conversations (streamchat.serve.replying); each only formats. Every reply says which
+conversation it continued and what its cache holds, in the X-Streamchat-Conversation and
+X-Streamchat-Cache headers, and X-Streamchat-Warning says what the client should know of it
+(a max_tokens clamped, a message read only in part). With an API key, every endpoint but
+/health wants `Authorization: Bearer KEY` or `x-api-key: KEY` (Anthropic's clients send that).
+Errors are OpenAI's error body, Anthropic's on /v1/messages. A client that goes away stops its
+reply within a step, streamed or not; a body not sent within SERVE_BODY_SECONDS is a 408.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -35,17 +38,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from streamchat import defaults
-from streamchat.cache.ledger import CacheStats
 from streamchat.generation.events import TextDelta, TokenLogprob
-from streamchat.serve import openai_api as api
-from streamchat.serve.openai_api import ApiError, Limits
+from streamchat.serve.apis import anthropic_messages as messages_api
+from streamchat.serve.apis import openai_chat as api
+from streamchat.serve.apis import openai_responses as responses_api
+from streamchat.serve.apis.openai_tools import HeldText, call_deltas
+from streamchat.serve.apis.request import ApiError, Limits, parse_body
+from streamchat.serve.apis.response_ids import conversation_until, response_id
 from streamchat.serve.pool import NAMING_HEADER, ConversationPool
-from streamchat.serve.turn import Finished, Started, Turn
-from streamchat.serve.worker import END, Job, Worker
+from streamchat.serve.replying import (
+    CACHE_HEADER,
+    RunningTurn,
+    reply_headers,
+    running_turn,
+    server_sent_event,
+)
+from streamchat.serve.turn import Finished
+from streamchat.serve.worker import Worker
 from streamchat.storage.session_file import list_sessions
-
-CACHE_HEADER = "X-Streamchat-Cache"
-WARNING_HEADER = "X-Streamchat-Warning"
 
 log = logging.getLogger("streamchat.serve")
 
@@ -59,11 +69,6 @@ class HttpOptions:
     body_seconds: float = defaults.SERVE_BODY_SECONDS  # to send the whole body, once the headers are in
 
 
-def cache_header(stats: CacheStats) -> str:
-    """What a conversation's cache holds: "used/capacity, evicted N"."""
-    return f"{stats.used}/{stats.capacity}, evicted {stats.evicted}"
-
-
 def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> Starlette:
     model = pool.served.name
     started_at = int(time.time())
@@ -71,9 +76,15 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
     def check_key(request: Request) -> None:
         if options.api_key is None:
             return
-        given = request.headers.get("authorization", "").encode("utf-8")
-        if not hmac.compare_digest(given, f"Bearer {options.api_key}".encode()):
-            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key")
+        bearer = request.headers.get("authorization", "").encode("utf-8")
+        given = request.headers.get("x-api-key", "").encode("utf-8")
+        # Both compared, always: how long the check takes says nothing of which header came close.
+        as_bearer = hmac.compare_digest(bearer, f"Bearer {options.api_key}".encode())
+        as_header = hmac.compare_digest(given, options.api_key.encode())
+        if not (as_bearer or as_header):
+            raise ApiError(
+                401, "a valid API key is needed: Authorization: Bearer KEY, or x-api-key: KEY", code="invalid_api_key"
+            )
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model})
@@ -99,41 +110,59 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
     async def chat_completions(request: Request) -> Response:
         check_key(request)
         body = await _body(request, options.limits.body_bytes, options.body_seconds)
-        chat = api.chat_request(api.parse_body(body), options.limits)
-        turn = Turn(pool, chat, _header_text(request.headers.get(NAMING_HEADER)))
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        if not worker.submit(Job(turn, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))):
-            if worker.closing:
-                raise ApiError(503, "the server is stopping", kind="server_error", code="stopping")
-            raise ApiError(
-                429, "too many requests are waiting; try again shortly", kind="rate_limit_error", code="busy"
-            )
-        # Until a stream takes over (it watches for itself), a client that goes away stops the turn.
-        watcher = asyncio.create_task(_stop_when_gone(request, turn))
-        try:
-            first = await queue.get()
-            if isinstance(first, ApiError):
-                raise first
-            if not isinstance(first, Started):
-                if worker.closing:
-                    raise ApiError(503, "the server stopped before the reply began", kind="server_error")
-                raise ApiError(500, "the reply ended before it started", kind="server_error")
+        chat = api.chat_request(parse_body(body), options.limits)
+        logprobs = chat.logprobs is not None
+        async with running_turn(worker, pool, request, chat) as running:
             reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            headers = _reply_headers(first)
             if chat.stream:
-                watcher.cancel()
-                events = _stream(queue, turn, reply_id, created, model, chat.include_usage, chat.logprobs is not None)
-                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-            return await _whole(queue, headers, reply_id, created, model, chat.logprobs is not None)
-        finally:
-            watcher.cancel()
+                events = _chat_stream(running, reply_id, created, model, chat.include_usage, logprobs)
+                return StreamingResponse(events, media_type="text/event-stream", headers=running.headers)
+            finished, said = await running.finished()
+        used = api.usage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        finish = api.finish_reason(finished.stop_reason, bool(finished.tool_calls))
+        text = finished.reply if finished.content is None else finished.content
+        said_logprobs = said if logprobs else None
+        reply = api.completion(reply_id, created, model, text, finish, used, said_logprobs, list(finished.tool_calls))
+        return JSONResponse(reply, headers=reply_headers(running.started, finished))
+
+    async def responses(request: Request) -> Response:
+        check_key(request)
+        body = await _body(request, options.limits.body_bytes, options.body_seconds)
+        asked = responses_api.responses_request(parse_body(body), options.limits)
+        earlier = None
+        if asked.previous is not None:
+            earlier = await run_in_threadpool(conversation_until, pool.served.sessions, asked.previous)
+        async with running_turn(worker, pool, request, asked.chat_request(earlier)) as running:
+            started = running.started
+            # Named by where it leaves its conversation: the user message and this reply, two more.
+            named, created = response_id(started.conversation, started.messages + 2), int(time.time())
+            if asked.stream:
+                events = responses_api.stream(running, named, created, model, asked)
+                return StreamingResponse(events, media_type="text/event-stream", headers=running.headers)
+            finished, _ = await running.finished()
+        said = responses_api.response(named, created, model, asked, finished, responses_api.new_message_id())
+        return JSONResponse(said, headers=reply_headers(started, finished))
+
+    async def messages(request: Request) -> Response:
+        try:
+            check_key(request)
+            body = await _body(request, options.limits.body_bytes, options.body_seconds)
+            chat = messages_api.messages_request(parse_body(body), options.limits)
+            message_id = messages_api.new_message_id()
+            async with running_turn(worker, pool, request, chat) as running:
+                if chat.stream:
+                    events = messages_api.stream(running, message_id, model)
+                    return StreamingResponse(events, media_type="text/event-stream", headers=running.headers)
+                finished, _ = await running.finished()
+            said = messages_api.message(message_id, model, finished)
+            return JSONResponse(said, headers=reply_headers(running.started, finished))
+        except ApiError as error:  # in Anthropic's shape, which its clients read
+            return _error_response(error, messages_api.error_body(error), options.retry_after)
 
     async def api_error(request: Request, error: Exception) -> Response:
         if not isinstance(error, ApiError):
             raise error
-        headers = {"Retry-After": str(options.retry_after)} if error.status == 429 else None
-        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+        return _error_response(error, error.body(), options.retry_after)
 
     async def http_error(request: Request, error: Exception) -> Response:
         status = error.status_code if isinstance(error, HTTPException) else 500
@@ -146,7 +175,7 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
                 CORSMiddleware,
                 allow_origins=list(options.cors),
                 allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", NAMING_HEADER],
+                allow_headers=["Authorization", "Content-Type", NAMING_HEADER, "X-Api-Key", "Anthropic-Version"],
                 expose_headers=[NAMING_HEADER, CACHE_HEADER],
             )
         )
@@ -155,6 +184,8 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
         Route("/v1/models", models),
         Route("/v1/conversations", conversations),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
     ]
 
     async def server_error(request: Request, error: Exception) -> Response:
@@ -194,95 +225,45 @@ async def _body(request: Request, limit: int, seconds: float) -> bytes:
     return b"".join(pieces)
 
 
-async def _stop_when_gone(request: Request, turn: Turn) -> None:
-    """Stop `turn` when the client goes away (once the body is read, receive() only says that); the client
-    was sent none of the reply."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    turn.stop(told="")
+def _error_response(error: ApiError, body: dict[str, object], retry_after: int) -> Response:
+    """`error` answered with `body` (its API's shape); a 429 says when to try again."""
+    headers = {"Retry-After": str(retry_after)} if error.status == 429 else None
+    return JSONResponse(body, status_code=error.status, headers=headers)
 
 
-def _header_text(value: str | None) -> str | None:
-    """A header's text as the client wrote it: HTTP carries bytes, which Starlette reads as Latin-1."""
-    return None if value is None else value.encode("latin-1").decode("utf-8", "replace")
-
-
-def _reply_headers(started: Started) -> dict[str, str]:
-    headers = {NAMING_HEADER: started.conversation, CACHE_HEADER: cache_header(started.cache)}
-    if started.warnings:
-        # Headers are Latin-1: the warnings are streamchat's own words, in ASCII.
-        headers[WARNING_HEADER] = "; ".join(started.warnings)
-    return headers
-
-
-async def _whole(
-    queue: asyncio.Queue[object], headers: dict[str, str], reply_id: str, created: int, model: str, logprobs: bool
-) -> Response:
-    said: list[TokenLogprob] = []
-    while True:
-        item = await queue.get()
-        if isinstance(item, ApiError):
-            raise item
-        if item is END:
-            raise ApiError(500, "the reply ended without finishing", kind="server_error")
-        if isinstance(item, TokenLogprob):
-            said.append(item)
-        if isinstance(item, Finished):
-            used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
-            finish = api.finish_reason(item.stop_reason)
-            body = api.completion(reply_id, created, model, item.reply, finish, used, said if logprobs else None)
-            return JSONResponse(body, headers={**headers, CACHE_HEADER: cache_header(item.cache)})
-
-
-async def _stream(
-    queue: asyncio.Queue[object],
-    turn: Turn,
-    reply_id: str,
-    created: int,
-    model: str,
-    include_usage: bool,
-    logprobs: bool,
+async def _chat_stream(
+    running: RunningTurn, reply_id: str, created: int, model: str, include_usage: bool, logprobs: bool
 ) -> AsyncIterator[str]:
-    told: list[str] = []  # the reply's text sent: each piece once the client's connection took it
+    """The chat completion's chunks: the role, the text, why it ended, the usage if asked, then [DONE]; a failure is
+    an error chunk."""
     # Tokens' log-probabilities not sent yet: each goes with the next text (a token's text may be held back, at a
     # stop string or a split character), the last with the reply's end.
     unsent: list[TokenLogprob] = []
-    finished = False
 
     def taken() -> list[TokenLogprob] | None:
         sent = unsent.copy()
         unsent.clear()
         return sent if logprobs else None
 
+    yield server_sent_event(api.chunk(reply_id, created, model, {"role": "assistant", "content": ""}))
+    held = HeldText(running.started.tool_family)  # text that may begin a tool call waits for the reply's end
     try:
-        yield _event(api.chunk(reply_id, created, model, {"role": "assistant", "content": ""}))
-        while True:
-            item = await queue.get()
-            if isinstance(item, TokenLogprob):
-                unsent.append(item)
-            elif isinstance(item, TextDelta):
-                yield _event(api.chunk(reply_id, created, model, {"content": item.text}, logprobs=taken()))
-                told.append(item.text)
-            elif isinstance(item, Finished):
-                finished = True
-                finish = api.finish_reason(item.stop_reason)
-                yield _event(api.chunk(reply_id, created, model, {}, finish, logprobs=taken()))
-                if include_usage:
-                    used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
-                    yield _event(api.usage_chunk(reply_id, created, model, used))
-                yield "data: [DONE]\n\n"
-                return
-            elif isinstance(item, ApiError):
-                yield _event(item.body())
-                return
-            elif item is END:
-                return
-    finally:
-        # A client gone mid-reply: the reply ends within a step, what it said is journaled as stopped, and the
-        # conversation is filed under what the client was sent.
-        if not finished:
-            turn.stop(told="".join(told))
-
-
-def _event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        async with aclosing(running.items()) as items:
+            async for item in items:
+                if isinstance(item, TokenLogprob):
+                    unsent.append(item)
+                elif isinstance(item, TextDelta) and (text := held.add(item.text)):
+                    yield server_sent_event(api.chunk(reply_id, created, model, {"content": text}, logprobs=taken()))
+                elif isinstance(item, Finished):
+                    if rest := held.rest(item.content):
+                        yield server_sent_event(api.chunk(reply_id, created, model, {"content": rest}))
+                    for delta in call_deltas(list(item.tool_calls)):
+                        yield server_sent_event(api.chunk(reply_id, created, model, delta))
+                    finish = api.finish_reason(item.stop_reason, bool(item.tool_calls))
+                    yield server_sent_event(api.chunk(reply_id, created, model, {}, finish, logprobs=taken()))
+                    if include_usage:
+                        used = api.usage(item.prompt_tokens, item.completion_tokens, item.cached_tokens)
+                        yield server_sent_event(api.usage_chunk(reply_id, created, model, used))
+                    yield "data: [DONE]\n\n"
+    except ApiError as error:
+        yield server_sent_event(error.body())

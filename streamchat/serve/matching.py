@@ -1,9 +1,10 @@
 """Which conversation a stateless request continues: an index from what a conversation says to its id.
 
 A client resends the whole history each time. After each turn the server files the
-conversation under a digest of (system prompt, messages); a request whose history (all
-but its new user message) has the same digest continues that conversation, and only the
-new message is read. Messages are compared by content, as the server wrote them: a client
+conversation under a digest of (system prompt, tools, messages); a request whose history (all
+but its new user message or tool results) has the same digest continues that conversation, and only
+the new message is read. Messages are compared by content, as the server wrote them (a reply's tool
+calls as the client was told them, their ids included; tool results by call id and text): a client
 that edits an earlier turn, or trims a reply, starts a new conversation. The one exception
 is a reply cut short because its client left mid-stream: the server knows what it sent,
 not what the client read, so a history ending on any start of that reply (or just before
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Any
 
 from streamchat.conversation.message import Message
 
@@ -27,10 +29,25 @@ def is_session_id(text: str) -> bool:
     return SESSION_ID.fullmatch(text) is not None
 
 
-def history_digest(system: str | None, messages: list[Message]) -> str:
-    """What a conversation says: its system prompt and every message, by role and content."""
-    said = [system, [[message["role"], message["content"]] for message in messages]]
-    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode("utf-8")).hexdigest()
+Tools = list[dict[str, Any]] | None
+
+
+def history_digest(system: str | None, messages: list[Message], tools: Tools = None) -> str:
+    """What a conversation says: its system prompt, its tools, and every message, by role and content (and a
+    reply's tool calls, tool results)."""
+    said: list[object] = [system, [_said(message) for message in messages]]
+    if tools:  # a conversation without tools has the digest it always had
+        said.append(tools)
+    return hashlib.sha256(json.dumps(said, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _said(message: Message) -> list[object]:
+    said: list[object] = [message["role"], message["content"]]
+    if "tool_calls" in message:
+        said.append(message["tool_calls"])
+    if "tool_results" in message:
+        said.append(message["tool_results"])
+    return said
 
 
 class ConversationIndex:
@@ -43,29 +60,36 @@ class ConversationIndex:
         self._cut_by_digest: dict[str, tuple[str, str]] = {}
         self._cut_digest_of: dict[str, str] = {}
 
-    def file(self, conversation: str, system: str | None, messages: list[Message], cut_short: bool = False) -> None:
-        """`conversation` now says `messages`: requests that extend them continue it. `cut_short`: the last
-        message is a reply whose client left mid-stream, having read any start of it."""
+    def file(
+        self,
+        conversation: str,
+        system: str | None,
+        messages: list[Message],
+        cut_short: bool = False,
+        tools: Tools = None,
+    ) -> None:
+        """`conversation` now says `messages` with `tools`: requests that extend them continue it. `cut_short`: the
+        last message is a reply whose client left mid-stream, having read any start of it."""
         self.forget(conversation)
-        digest = history_digest(system, messages)
+        digest = history_digest(system, messages, tools)
         self._by_digest[digest] = conversation
         self._digest_of[conversation] = digest
         if cut_short and messages and messages[-1]["role"] == "assistant":
-            before = history_digest(system, messages[:-1])
+            before = history_digest(system, messages[:-1], tools)
             self._cut_by_digest[before] = (conversation, messages[-1]["content"])
             self._cut_digest_of[conversation] = before
 
-    def find(self, system: str | None, history: list[Message]) -> str | None:
-        """The conversation that says `history` under `system` (or all but the end of its last reply, cut
-        short: any start of it, none included), if any."""
-        digest = history_digest(system, history)
+    def find(self, system: str | None, history: list[Message], tools: Tools = None) -> str | None:
+        """The conversation that says `history` under `system` and `tools` (or all but the end of its last reply,
+        cut short: any start of it, none included), if any."""
+        digest = history_digest(system, history, tools)
         found = self._by_digest.get(digest)
         if found is not None or not history:
             return found
         if history[-1]["role"] != "assistant":  # none of a reply cut short
             cut = self._cut_by_digest.get(digest)
             return None if cut is None else cut[0]
-        cut = self._cut_by_digest.get(history_digest(system, history[:-1]))
+        cut = self._cut_by_digest.get(history_digest(system, history[:-1], tools))
         if cut is not None and cut[1].startswith(history[-1]["content"]):
             return cut[0]
         return None

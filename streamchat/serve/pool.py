@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
 from streamchat.conversation.message import Message
@@ -29,8 +29,8 @@ from streamchat.errors import SessionFileError, out_of_memory_as
 from streamchat.generation.driver import Driver
 from streamchat.generation.events import NotResumed, Replayed
 from streamchat.generation.settings import GenerationSettings
+from streamchat.serve.apis.request import ApiError
 from streamchat.serve.matching import ConversationIndex, is_session_id
-from streamchat.serve.openai_api import ApiError
 from streamchat.sessions.keeping import save_state, state_to_restore
 from streamchat.storage.journal import SUFFIX, Journal, claim_journal
 from streamchat.storage.session_file import JOURNAL_VERSION, read_session
@@ -128,7 +128,7 @@ class ConversationPool:
                     [] if saved.unanswered is None else [{"role": "user", "content": saved.unanswered}]
                 )
                 said = [*saved.messages, *unanswered]
-                self.index.file(path.stem, saved.system_prompt, said, cut_short=saved.last_reply_stopped)
+                self.index.file(path.stem, saved.system_prompt, said, saved.last_reply_stopped, saved.tools)
 
     def system_for(self, requested: str | None) -> str | None:
         return requested if requested is not None else self.default_system
@@ -159,10 +159,14 @@ class ConversationPool:
         return HeldConversation(self._journal())
 
     def take(
-        self, conversation: HeldConversation, history: list[Message] | None, system: str | None
+        self,
+        conversation: HeldConversation,
+        history: list[Message] | None,
+        system: str | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Generator[Request, None, Taken]:
-        """Make `conversation` live for a turn: `history` and `system` start a new one (replayed); a known one is
-        restored from its state beside its journal (else replayed). 409 when another request holds it."""
+        """Make `conversation` live for a turn: `history`, `system` and `tools` start a new one (replayed); a known
+        one is restored from its state beside its journal (else replayed). 409 when another request holds it."""
         if conversation.busy:
             raise ApiError(409, "another request is answering in this conversation", code="conversation_busy")
         conversation.busy = True
@@ -170,7 +174,7 @@ class ConversationPool:
             if conversation.session is None:
                 session = self._session()
                 conversation.session = session
-                read = yield from self._restore(conversation, session, history, system)
+                read = yield from self._restore(conversation, session, history, system, tools)
             else:
                 read = 0
         except BaseException:
@@ -270,11 +274,16 @@ class ConversationPool:
         session.reset()
 
     def _restore(
-        self, conversation: HeldConversation, session: ChatSession, history: list[Message] | None, system: str | None
+        self,
+        conversation: HeldConversation,
+        session: ChatSession,
+        history: list[Message] | None,
+        system: str | None,
+        tools: list[dict[str, Any]] | None,
     ) -> Generator[Request, None, int]:
         path = conversation.journal.path
         if path is None:
-            state = ConversationState(list(history or []), system, self.base_settings, self.base_eviction)
+            state = ConversationState(list(history or []), system, self.base_settings, self.base_eviction, tools=tools)
             items = session.restore(state)
         else:
             items = session.restore(*state_to_restore(read_session(path), path, self.served.key, session.settings))

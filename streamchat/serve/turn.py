@@ -15,6 +15,13 @@ reply, or, when the client left mid-reply, only the text it was sent (none for a
 reply it never received). A client that resends what it has (for a stream cut short, any
 start of what it was sent) continues the conversation; a reply it never saw (or the part of
 one) is taken back first, by a replay.
+
+A request with tools (and tool_choice other than "none") has the calls read from its reply in the
+syntax the model's template teaches (streamchat.serve.apis.tool_calls); "required" or a named tool
+holds the reply to that syntax while it is drawn, so it always reads. The transcript, the journal
+and the index then hold the reply as its client is told it: the text outside the calls, and the
+calls with their ids; a client that sends back the calls and their results continues the
+conversation, and only the results are read.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from streamchat.cache.ledger import CacheStats
-from streamchat.conversation.message import Message
+from streamchat.conversation.message import Message, ToolCall
 from streamchat.conversation.session import ChatSession
 from streamchat.engine.work import Request
-from streamchat.errors import ConfigError
+from streamchat.errors import ChatTemplateError, ConfigError
+from streamchat.generation.constraint import LarkFormat, ReplyFormat
 from streamchat.generation.events import Event, PromptSkipped, Recalled, TextDelta, TurnFinished
-from streamchat.serve.openai_api import ApiError, ChatRequest
+from streamchat.serve.apis.request import ApiError, ChatRequest
+from streamchat.serve.apis.tool_calls import Family, ReadReply, read_tool_calls, tool_call_grammar, tool_family
 from streamchat.serve.pool import ConversationPool, HeldConversation, Taken
 
 
@@ -40,6 +49,10 @@ class Started:
     conversation: str
     cache: CacheStats
     warnings: tuple[str, ...] = ()  # a max_tokens clamped, a prompt read only in part
+    # How many messages the conversation held before the new one: with its reply, it holds two more (the Responses
+    # API names a response by that count, streamchat.serve.apis.response_ids).
+    messages: int = 0
+    tool_family: Family | None = None  # the syntax tool calls are read from the reply in; None: it is text
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,9 @@ class Finished:
     completion_tokens: int
     cached_tokens: int  # of prompt_tokens, those not read for this request
     cache: CacheStats
+    stop_string: str | None = None  # the stop string that ended the reply, where one did
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls read from the reply, with the ids its client is told
+    content: str | None = None  # with calls: the reply's text outside them
 
 
 # What a turn tells its request: its start, the reply's text (the engine's steps say most of it: its requests'
@@ -84,7 +100,10 @@ class Turn:
         if self.stopped:  # its client left (or the server stops) while it was queued
             return
         conversation, history, system, matched = self._conversation()
-        taken = yield from self.pool.take(conversation, history, system)
+        try:
+            taken = yield from self.pool.take(conversation, history, system, self.request.tools)
+        except ChatTemplateError as error:  # the template cannot hold this conversation: its tools, its system prompt
+            raise ApiError(400, str(error), param="tools" if self.request.tools else "messages") from None
         if self.stopped:  # the client left (or the server stops) before the reply began: nothing to record
             self.pool.release(conversation)
             return
@@ -108,8 +127,9 @@ class Turn:
         system = self.pool.system_for(self.request.system)
         history = self.request.history
         # Its history, or its history and this very message, never answered (the server stopped mid-reply).
-        found = self.pool.index.find(system, history) or self.pool.index.find(
-            system, [*history, {"role": "user", "content": self.request.text}]
+        tools = self.request.tools
+        found = self.pool.index.find(system, history, tools) or self.pool.index.find(
+            system, [*history, self.request.prompt], tools
         )
         if found is not None:
             try:
@@ -146,17 +166,26 @@ class Turn:
             wanted = wanted.changed({"max_new_tokens": limit})
         # Only what differs: a seed the conversation already draws with goes on, as before, rather than restarting.
         session.update_settings(**session.settings.changes_to(wanted))
+        family = self._tool_family(session)
+        session.reply_format = self._reply_format(family)  # this request's, not the last one's
+        try:
+            if self.request.tool_results is not None:
+                items = session.answer_tool_results(self.request.tool_results, self.request.logprobs)
+            else:
+                items = session.chat(self.request.text, self.request.logprobs)
+        except ConfigError as error:
+            raise ApiError(400, str(error), param="messages") from None
         state = session.snapshot(tensors=False)
         journal = conversation.journal
         # A new conversation's history and settings, a known one's new settings, and the message: one write.
-        journal.record_user(state, self.request.text)
+        journal.record_prompt(state, self.request.prompt)
         if conversation.id is None:
             raise ApiError(500, journal.failure or "the conversation could not be journaled", kind="server_error")
         self.pool.conversations[conversation.id] = conversation  # named by its id from now on, busy or not
         before = session.cache_stats()
+        held = len(session.transcript)
         prompt_length = None
         finished = None
-        items = session.chat(self.request.text, self.request.logprobs)
         early: list[Event | Request] = []  # before the first forward pass: a note recalled, a prompt read in part
         for item in items:
             early.append(item)
@@ -168,7 +197,7 @@ class Turn:
                     f"the message is {event.prompt_tokens:,} tokens, more than the cache holds: "
                     f"{event.read_tokens:,} of them were read (its start and its end)"
                 )
-        yield Started(conversation.id, before, tuple(warnings))
+        yield Started(conversation.id, before, tuple(warnings), held, family)
         for item in itertools.chain(early, items):
             if self.stopped:
                 session.stop()
@@ -181,13 +210,17 @@ class Turn:
         if finished is None:
             raise ApiError(500, "the reply ended without finishing", kind="server_error")
         stats = finished.stats
+        said = ReadReply(finished.reply) if family is None else read_tool_calls(family, finished.reply)
+        if said.calls:
+            session.settle_tool_calls(said.content, said.calls)
         journal.record(session.snapshot(tensors=False), stats.stop_reason)
         after = session.cache_stats()
         prompt_length = stats.prompt_tokens if prompt_length is None else prompt_length
         prompt_tokens = conversation.rendered_tokens + prompt_length
         conversation.rendered_tokens = prompt_tokens + (after.seen - before.seen - stats.prompt_tokens)
         cut_short = bool(self.told)  # the client left mid-stream, having read some start of what it was sent
-        self.pool.index.file(conversation.id, session.system_prompt, self._told(session.transcript), cut_short)
+        told = self._told(session.transcript)
+        self.pool.index.file(conversation.id, session.system_prompt, told, cut_short, session.tools)
         read = taken.restore_read + stats.prompt_tokens - stats.copied_prompt_tokens  # copied sinks were not read
         return Finished(
             reply=finished.reply,
@@ -196,7 +229,42 @@ class Turn:
             completion_tokens=stats.generated_tokens,
             cached_tokens=max(0, prompt_tokens - read),
             cache=after,
+            stop_string=stats.stop_string,
+            tool_calls=tuple(said.calls),
+            content=said.content if said.calls else None,
         )
+
+    def _tool_family(self, session: ChatSession) -> Family | None:
+        """The syntax calls are read from this reply in; None when none are (no tools, or tool_choice "none")."""
+        tools = self.request.tools
+        if tools is not None and tools != session.tools:  # a conversation named by its id
+            raise ApiError(
+                400,
+                "'tools' are not this conversation's: a conversation's tools are fixed when it starts",
+                param="tools",
+            )
+        if tools is None or self.request.tool_choice == "none":
+            return None
+        family = tool_family(session.chat_format.template)
+        if family is None:
+            raise ApiError(
+                400,
+                "the model's chat template describes tools, but not in a syntax streamchat reads calls in "
+                '(Hermes/Qwen <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]); use tool_choice "none"',
+                param="tools",
+            )
+        return family
+
+    def _reply_format(self, family: Family | None) -> ReplyFormat | None:
+        """What the reply is held to: the request's JSON schema, or, where it must call a tool, the call's syntax."""
+        choice = self.request.tool_choice
+        if family is None or self.request.tools is None or choice in ("none", "auto"):
+            return self.request.json_format
+        name = None if choice == "required" else choice
+        try:
+            return LarkFormat(tool_call_grammar(family, self.request.tools, name, self.request.parallel_tool_calls))
+        except ConfigError as error:
+            raise ApiError(400, f"'tools': a call's parameters cannot hold a reply: {error}", param="tools") from None
 
     def _told(self, transcript: list[Message]) -> list[Message]:
         """The conversation as the client knows it: `transcript`, less what it was not sent of the last reply."""

@@ -35,7 +35,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from streamchat.generation.events import TextDelta, TokenLogprob
-from streamchat.serve.openai_api import ApiError
+from streamchat.serve.apis.request import ApiError
 from streamchat.serve.pool import ConversationPool, NoSessionFree
 from streamchat.serve.turn import Finished, Started, Turn
 

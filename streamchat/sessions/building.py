@@ -4,12 +4,17 @@ the driver that runs the process's steps (streamchat.generation.driver)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from streamchat.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamchat.conversation.driven import DrivenSession
     from streamchat.conversation.session import ChatSession
     from streamchat.engine.shared_sinks import SharedSinks
+    from streamchat.generation.constraint import JsonFormat
     from streamchat.generation.decoder import LockstepChannel
     from streamchat.generation.driver import Driver
     from streamchat.interface.config import RunConfig
@@ -41,8 +46,27 @@ def session_for(
         settings=dataclasses.replace(settings, **overrides),
         channel=channel,
         shared_sinks=shared_sinks,
+        reply_format=None if config.json_schema is None else json_format_file(config.json_schema),
     )
     return ChatSession(loaded.model, loaded.tokenizer, options)
+
+
+def json_format_file(path: str) -> JsonFormat:
+    """The JSON every reply must be, from a JSON schema file; ConfigError says what is wrong with it."""
+    from streamchat.generation.constraint import JsonFormat
+
+    try:
+        schema = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"--json-schema {path}: cannot read it ({error.strerror or error})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"--json-schema {path}: not a JSON file ({error})") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f'--json-schema {path}: a JSON schema is an object, as {{"type": "object"}}')
+    try:
+        return JsonFormat(schema, Path(path).stem)
+    except ConfigError as error:
+        raise ConfigError(f"--json-schema {path}: {error}") from None
 
 
 def driver_for(config: RunConfig, loaded: LoadedModel) -> Driver:

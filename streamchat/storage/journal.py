@@ -5,10 +5,13 @@
      "model": "smollm2-135m", "created": "2025-01-01T12:00:00+00:00", "cache": {"sinks": 4, "window": 2000}}
     {"type": "settings", "values": {"temperature": "0.7", ..., "eviction": "token"}, "at": "..."}
     {"type": "system", "content": "Be brief.", "at": "..."}
+    {"type": "tools", "tools": [{"type": "function", "function": {...}}], "at": "..."}   (a server's conversation)
     {"type": "user", "content": "Hello!", "at": "..."}
     {"type": "recall", "message": 6, "from": [0, 2], "content": "Earlier in this conversation: ...", "at": "..."}
                                                           (the note recall read before message 6)
     {"type": "reply", "content": "Hi.", "stop_reason": "eos", "at": "..."}
+    {"type": "reply", "content": "", "tool_calls": [{"id": "call_1f..", "type": "function", "function": {...}}], ...}
+    {"type": "tool", "results": [{"tool_call_id": "call_1f..", "content": "sunny"}], "at": "..."}
     {"type": "rewind", "messages": 1, "at": "..."}        (a /regen took the reply back)
 
 The records of each change are one write of whole lines to a file opened for appending,
@@ -72,6 +75,7 @@ class Journal:
         self._messages: list[Message] = []  # the conversation as the file tells it
         self._settings: dict[str, str] = {}  # the settings as the file holds them: text, as /set takes it
         self._system: str | None = None
+        self._tools: list[dict[str, Any]] | None = None
         self._recalled: dict[int, RecalledNote] = {}
         self._pending: list[dict[str, Any]] = []  # records of the change being written
 
@@ -79,13 +83,16 @@ class Journal:
 
     def record(self, state: ConversationState, stop_reason: StopReason | None = None) -> None:
         """Append what changed in the conversation since the last call; `stop_reason` goes with a new last reply."""
-        self._record(state.messages, settings_text(state), state.system_prompt, stop_reason, state.recalled)
+        self._record(state, state.messages, stop_reason)
 
     def record_user(self, state: ConversationState, text: str) -> None:
         """The user sent `text` to the conversation `state`: written before the reply starts, so that a crash
         cannot lose it."""
-        sent: list[Message] = [*state.messages, {"role": "user", "content": text}]
-        self._record(sent, settings_text(state), state.system_prompt, None, state.recalled)
+        self.record_prompt(state, {"role": "user", "content": text})
+
+    def record_prompt(self, state: ConversationState, message: Message) -> None:
+        """A prompt turn (a user message, tool results) was sent to the conversation `state`, as record_user."""
+        self._record(state, [*state.messages, message], None)
 
     def new_conversation(self) -> None:
         """The next message starts a new file (/reset)."""
@@ -107,6 +114,7 @@ class Journal:
         self._messages = [*saved.messages, *unanswered]
         self._settings = {**saved.settings, "eviction": saved.eviction}
         self._system = saved.system_prompt
+        self._tools = saved.tools
         self._recalled = dict(saved.recalled)
 
     def close(self) -> None:
@@ -116,21 +124,15 @@ class Journal:
 
     # ---- writing -------------------------------------------------------------------------------
 
-    def _record(
-        self,
-        messages: list[Message],
-        settings: dict[str, str],
-        system: str | None,
-        stop_reason: str | None,
-        recalled: dict[int, RecalledNote],
-    ) -> None:
+    def _record(self, state: ConversationState, messages: list[Message], stop_reason: str | None) -> None:
+        settings, system, recalled = settings_text(state), state.system_prompt, state.recalled
         if self.failure is not None:
             return
         if self.path is None and not messages:
             return  # no file before the first message
         try:
             if self._descriptor is None and self.path is None:
-                self._create(settings, system)
+                self._create(settings, system, state.tools)
             changed = {key: value for key, value in settings.items() if self._settings.get(key) != value}
             if changed:
                 self._append({"type": "settings", "values": changed})
@@ -138,6 +140,9 @@ class Journal:
             if system != self._system:
                 self._append({"type": "system", "content": system})
                 self._system = system
+            if state.tools != self._tools:
+                self._append({"type": "tools", "tools": state.tools})
+                self._tools = state.tools
             self._append_messages(messages, stop_reason, recalled)
             self._write_pending()
         except (OSError, SessionFileError) as error:
@@ -164,8 +169,12 @@ class Journal:
                 self._append({"type": "user", "content": message["content"]})
                 if index in recalled:
                     self._append_recall(index, recalled[index])
+            elif message["role"] == "tool":
+                self._append({"type": "tool", "results": message.get("tool_results", [])})
             else:
                 record: dict[str, Any] = {"type": "reply", "content": message["content"]}
+                if "tool_calls" in message:
+                    record["tool_calls"] = message["tool_calls"]
                 if stop_reason is not None and index == len(messages) - 1:
                     record["stop_reason"] = stop_reason
                 self._append(record)
@@ -175,7 +184,7 @@ class Journal:
         self._append({"type": "recall", "message": index, "from": list(note.messages), "content": note.text})
         self._recalled[index] = note
 
-    def _create(self, settings: dict[str, str], system: str | None) -> None:
+    def _create(self, settings: dict[str, str], system: str | None, tools: list[dict[str, Any]] | None) -> None:
         session_id = new_session_id()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{session_id}{SUFFIX}"
@@ -197,6 +206,9 @@ class Journal:
         if system is not None:
             self._append({"type": "system", "content": system})
             self._system = system
+        self._tools = tools
+        if tools is not None:
+            self._append({"type": "tools", "tools": tools})
 
     def _append(self, record: dict[str, Any]) -> None:
         self._pending.append({**record, "at": _now()})

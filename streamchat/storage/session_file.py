@@ -5,7 +5,9 @@ Two formats, both read by `read_session`:
 - version 1, one JSON document, written whole (`save_session`, for /save FILE);
 - version 2, the journal: JSON Lines appended as the conversation goes
   (streamchat.storage.journal writes it). Its first line is a header, every other line a
-  record: {"type": "settings" | "system" | "user" | "recall" | "reply" | "rewind", ...}. A last line
+  record: {"type": "settings" | "system" | "tools" | "user" | "recall" | "reply" | "tool" | "rewind", ...}
+  (a server's conversation may call tools: a reply record's `tool_calls`, a "tool" record of their results,
+  which is a prompt turn as a user message is). A last line
   without its newline is a write that a kill cut short, and is ignored; record types
   this version does not know are skipped, so later versions can add their own.
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from streamchat import __version__
-from streamchat.conversation.message import Message, Role
+from streamchat.conversation.message import Message, ToolCall, ToolResult, is_prompt, tool_results_message
 from streamchat.conversation.state import ConversationState, RecalledNote, TensorState
 from streamchat.errors import SessionFileError
 from streamchat.generation.settings import GenerationChanges, GenerationSettings, parse_setting
@@ -50,6 +52,7 @@ class SavedSession:
     version: int = VERSION  # the format it was read from
     # The notes recall read before user messages (streamchat.conversation.recall), by message index.
     recalled: dict[int, RecalledNote] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # the tools its first turn describes
 
     def state(self, unsaid: GenerationSettings, tensors: TensorState | None = None) -> ConversationState:
         """The conversation saved, as a value to restore a session to (with `tensors`, exactly). Its settings
@@ -60,7 +63,7 @@ class SavedSession:
             changes.update(parse_setting(name, text))
         settings = unsaid.changed(changes)
         return ConversationState(
-            list(self.messages), self.system_prompt, settings, self.eviction, tensors, dict(self.recalled)
+            list(self.messages), self.system_prompt, settings, self.eviction, tensors, dict(self.recalled), self.tools
         )
 
 
@@ -82,6 +85,8 @@ def save_session(path: Path, state: ConversationState, model: str | None) -> Non
         "settings": dict(state.settings.as_pairs()),
         "messages": state.answered,
     }
+    if state.tools is not None:
+        document["tools"] = state.tools
     if state.answered_recalled:
         document["recalled"] = [_note_record(index, note) for index, note in sorted(state.answered_recalled.items())]
     path = path.expanduser()
@@ -119,6 +124,7 @@ def read_session(path: Path) -> SavedSession:
         eviction=str(document.get("eviction", "token")),
         model=_optional_text(path, document, "model"),
         recalled=_notes(path, document.get("recalled", []), len(messages)),
+        tools=_tools(str(path), document.get("tools")),
     )
 
 
@@ -155,20 +161,65 @@ def _messages(path: Path, value: Any) -> list[Message]:
     for number, message in enumerate(value, start=1):
         if (
             not isinstance(message, dict)
-            or message.get("role") not in ("user", "assistant")
+            or message.get("role") not in ("user", "assistant", "tool")
             or not isinstance(message.get("content"), str)
         ):
             raise SessionFileError(f"{path}: message {number} needs a role (user or assistant) and text content")
-        expected: Role = "user" if number % 2 else "assistant"
-        if message["role"] != expected:
+        expected = "user" if number % 2 else "assistant"
+        called = bool(messages and messages[-1].get("tool_calls"))
+        if message["role"] == "tool" and not called:
+            raise SessionFileError(f"{path}: message {number} holds tool results, but no reply called tools before it")
+        if message["role"] not in (expected, "tool" if called else expected):
             raise SessionFileError(
                 f"{path}: message {number} is from the {message['role']}, expected the {expected} "
                 "(a saved conversation alternates user and assistant, starting with the user)"
             )
-        messages.append({"role": expected, "content": message["content"]})
+        where = f"{path}: message {number}"
+        if message["role"] == "tool":
+            messages.append(tool_results_message(_tool_results(where, message.get("tool_results"))))
+        elif message["role"] == "assistant" and "tool_calls" in message:
+            calls = _tool_calls(where, message["tool_calls"])
+            messages.append({"role": "assistant", "content": message["content"], "tool_calls": calls})
+        else:
+            messages.append({"role": message["role"], "content": message["content"]})
     if len(messages) % 2:
         raise SessionFileError(f"{path}: the last message, {len(messages)}, has no reply")
     return messages
+
+
+def _tools(where: str, value: Any) -> list[dict[str, Any]] | None:
+    if value is not None and (not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value)):
+        raise SessionFileError(f"{where}: 'tools' must be a list of function specs")
+    return value or None
+
+
+def _tool_calls(where: str, value: Any) -> list[ToolCall]:
+    """A reply's tool calls read back (OpenAI's shape); SessionFileError when malformed."""
+    calls: list[ToolCall] = []
+    for call in value if isinstance(value, list) else [None]:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise SessionFileError(f"{where}: each tool call needs an id, and a function's name and arguments")
+        calls.append({"id": call["id"], "type": "function", "function": {**function}})  # type: ignore[typeddict-item]
+    return calls
+
+
+def _tool_results(where: str, value: Any) -> list[ToolResult]:
+    """Tool results read back; SessionFileError when malformed."""
+    if not isinstance(value, list) or not all(
+        isinstance(result, dict)
+        and isinstance(result.get("tool_call_id"), str)
+        and isinstance(result.get("content"), str)
+        for result in value
+    ):
+        raise SessionFileError(f"{where}: tool results need each a tool_call_id and text content")
+    return [{"tool_call_id": result["tool_call_id"], "content": result["content"]} for result in value]
 
 
 def _settings(path: Path, value: Any) -> dict[str, str]:
@@ -216,6 +267,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
     """Replay a journal's records: the conversation and settings as they stood at its last complete line."""
     values: dict[str, str] = {}
     system_prompt = None
+    tools: list[dict[str, Any]] | None = None
     messages: list[Message] = []
     recalled: dict[int, RecalledNote] = {}
     last_reply_stopped = False  # the last record that changed the messages added a stopped reply
@@ -236,14 +288,22 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
             values |= _settings(path, record.get("values", {}))
         elif kind == "system":
             system_prompt = _optional_text(path, record, "content")
-        elif kind == "user":
-            if messages and messages[-1]["role"] == "user":
+        elif kind == "tools":
+            tools = _tools(f"{path} line {number}", record.get("tools"))
+        elif kind in ("user", "tool"):
+            if messages and is_prompt(messages[-1]):
                 messages.pop()  # never answered, and followed by another: it left the conversation
                 recalled.pop(len(messages), None)
-            messages.append({"role": "user", "content": _record_text(path, number, record)})
+            if kind == "user":
+                messages.append({"role": "user", "content": _record_text(path, number, record)})
+            elif messages and messages[-1].get("tool_calls"):
+                messages.append(tool_results_message(_tool_results(f"{path} line {number}", record.get("results"))))
             last_reply_stopped = False
-        elif kind == "reply" and messages and messages[-1]["role"] == "user":
-            messages.append({"role": "assistant", "content": _record_text(path, number, record)})
+        elif kind == "reply" and messages and is_prompt(messages[-1]):
+            reply: Message = {"role": "assistant", "content": _record_text(path, number, record)}
+            if "tool_calls" in record:
+                reply["tool_calls"] = _tool_calls(f"{path} line {number}", record["tool_calls"])
+            messages.append(reply)
             last_reply_stopped = record.get("stop_reason") == "interrupted"
         elif kind == "recall":
             index, note = _note(f"{path} line {number}", record, len(messages))
@@ -256,6 +316,8 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
             recalled = {index: note for index, note in recalled.items() if index < kept}
             last_reply_stopped = False
     unanswered = messages.pop()["content"] if messages and messages[-1]["role"] == "user" else None
+    if messages and messages[-1]["role"] == "tool":  # tool results never answered: the client sends them again
+        messages.pop()
     recalled = {index: note for index, note in recalled.items() if index < len(messages)}
     return SavedSession(
         messages=messages,
@@ -267,6 +329,7 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
         last_reply_stopped=last_reply_stopped,
         version=JOURNAL_VERSION,
         recalled=recalled,
+        tools=tools,
     )
 
 

@@ -11,8 +11,9 @@ is available, as an OutOfMemoryError (exit code 6), before a byte of weights is 
 The weights are priced in the layouts a single-process CPU load leaves them in
 (loading/loader.py: fuse_projections, then quantize_model): int4 layers as TiledInt4Linear
 and the int8 head as TiledInt8Head where streamchat's native kernels run (native=True), else
-as aten's Int4Linear and Int8Head; int8 layers as Int8Linear. A layer no kernel takes stays
-as loaded. (On CUDA torchao's layouts differ a little, and the head stays unquantized.)
+as aten's Int4Linear and Int8Head; int8 layers as Int8Linear; the input embedding as
+BlockInt8Embedding. A layer no kernel takes stays as loaded. (On CUDA torchao's layouts differ
+a little, and the head and the embedding stay unquantized.)
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 from streamchat.errors import ConfigError, OutOfMemoryError
 from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.int4_linear import GROUP_SIZE, fits_int4_kernel
-from streamchat.placement.int8_linear import fits_int8_kernel
+from streamchat.placement.int8_linear import EMBEDDING_BLOCK, fits_block_embedding, fits_int8_kernel
 from streamchat.placement.native_layers import fits_native_int4, fits_native_int8
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZATIONS = ("none", "int8", "int4")
-# TiledInt4Linear: two levels a byte, and a float16 step and minimum per group of GROUP_SIZE inputs of a row.
+# TiledInt4Linear: two levels a byte, and a float16 scale and minimum per group of GROUP_SIZE inputs of a row.
 INT4_PARAM_BYTES = 2 * 2
 # TiledInt8Head: a float32 scale and an int32 sum of the levels per output row.
 INT8_HEAD_ROW_BYTES = 4 + 4
+# BlockInt8Embedding: a float16 scale per block of EMBEDDING_BLOCK inputs.
+EMBEDDING_SCALE_BYTES = 2
 # What a run takes beyond its weights and KV window grows with them: a prompt chunk's hidden states, MLP
 # intermediates and logits, the allocator's slack between freed blocks. A tenth covers those.
 HEADROOM = 1.1
@@ -91,7 +94,7 @@ def weight_bytes(config: PreTrainedConfig, dtype: str, quantization: str, native
         packed = _packed_bytes(module, module is head, quantization, element, native)
         for name, parameter in module.named_parameters(recurse=False):
             if packed is not None and name == "weight":
-                continue  # replaced by its packed form; a tied input embedding keeps the float table
+                continue  # replaced by its packed form (a tied head and embedding each by its own)
             if id(parameter) not in counted:
                 counted.add(id(parameter))
                 total += parameter.numel() * parameter.element_size()
@@ -101,6 +104,9 @@ def weight_bytes(config: PreTrainedConfig, dtype: str, quantization: str, native
 
 def _packed_bytes(module: torch.nn.Module, is_head: bool, quantization: str, element: int, native: bool) -> int | None:
     """The bytes of `module`'s weight once quantize_model packs it, None where it stays as loaded."""
+    if quantization != "none" and fits_block_embedding(module):
+        rows, inputs = module.num_embeddings, module.embedding_dim
+        return rows * inputs + rows * (inputs // EMBEDDING_BLOCK) * EMBEDDING_SCALE_BYTES
     if quantization == "none" or not isinstance(module, torch.nn.Linear):
         return None
     rows, inputs = module.out_features, module.in_features
@@ -112,7 +118,7 @@ def _packed_bytes(module: torch.nn.Module, is_head: bool, quantization: str, ele
         return _int8_bytes(module, element)
     if not (fits_native_int4 if native else fits_int4_kernel)(module):
         return None
-    # TiledInt4Linear keeps its step and minimum in float16; Int4Linear its (step, zero) pairs in dtype.
+    # TiledInt4Linear keeps its scale and minimum in float16; Int4Linear its (scale, zero) pairs in dtype.
     param_bytes = INT4_PARAM_BYTES if native else 2 * element
     return rows * inputs // 2 + rows * (inputs // GROUP_SIZE) * param_bytes
 

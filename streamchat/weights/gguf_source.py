@@ -1,7 +1,7 @@
 """A GGUF file's tensors under the model's parameter names, read a tensor at a time (no map kept: sources.py).
 
 Q4_0 and Q4_1 blocks come back as an Int4Grid, as they are: a block is a group of 32 inputs of
-one output row with its own step and minimum (Q4_1: d and m; Q4_0: d and -8 d), which is
+one output row with its own scale and minimum (Q4_1: d and m; Q4_0: d and -8 d), which is
 streamchat's int4 format, so no value is rounded twice. Every other type (Q8_0, the K-quants,
 the float types) is dequantized as gguf-py dequantizes it, a tensor at a time.
 
@@ -130,12 +130,12 @@ def _grid(data: np.ndarray, ggml_type: int, rows: int, columns: int) -> Int4Grid
     """Q4_0 or Q4_1 blocks [rows, columns / 32] as an Int4Grid, value for value."""
     header = _GRID_HEADER[ggml_type]
     blocks = data.reshape(rows, columns // GROUP_SIZE, header + GROUP_SIZE // 2)  # [rows, groups, block bytes]
-    step = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [rows, groups]
+    scale = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [rows, groups]
     if ggml_type == _Q4_1:
         minimum = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
     else:
-        minimum = step * np.float16(-8)  # exact: a power of two
+        minimum = scale * np.float16(-8)  # exact: a power of two
     packed = blocks[..., header:]  # [rows, groups, 16]: input j in the low nibble of byte j, input 16 + j in the high
     levels = np.concatenate([packed & 15, packed >> 4], axis=-1).reshape(rows, columns)
-    as_torch = (torch.from_numpy(np.ascontiguousarray(part)) for part in (levels, step, minimum))
+    as_torch = (torch.from_numpy(np.ascontiguousarray(part)) for part in (levels, scale, minimum))
     return Int4Grid(*as_torch)

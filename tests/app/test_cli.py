@@ -23,8 +23,7 @@ from streamchat.cache.architectures import supported_list
 from streamchat.cli import app
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir
-from streamchat.placement import native
-from streamchat.placement.device import detect_accelerators
+from streamchat.placement.device import chosen_variant, cpu_flags, detect_accelerators
 from tests.support.gguf_files import save_model_directory, write_tiny_gguf
 from tests.support.processes import in_foreground
 from tests.support.waiting import HANG_GUARD_SECONDS
@@ -147,7 +146,7 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     converted = Path(rows[10].removeprefix("files").strip())
     assert (converted / "tokenizer.json").is_file()
     assert not (converted / "model.safetensors").exists()  # the weights are read from the GGUF itself
-    variant = native.chosen_variant("", native.cpu_flags())
+    variant = chosen_variant("", cpu_flags())
     expected_kernels = f"streamchat's own, {variant.name}" if accelerators.cpu_kernels and variant else "torch's"
     assert rows[-1] == f"kernels        {expected_kernels}"
 

@@ -105,6 +105,43 @@ def test_jsonl_chat_lines_with_a_system_prompt_and_jsonl_output(tiny_chat_model)
     }
 
 
+def test_with_a_json_schema_each_turn_is_one_document_of_it(tiny_chat_model, tmp_path):
+    schema = {
+        "type": "object",
+        "properties": {"mood": {"enum": ["good", "bad"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["mood", "score"],
+        "additionalProperties": False,
+    }
+    (tmp_path / "mood.json").write_text(json.dumps(schema))
+    given = ["--json-schema", str(tmp_path / "mood.json"), "--max-new-tokens", "40", "--output-format", "jsonl"]
+    result = streamchat(tiny_chat_model, *given, stdin=b"How are you?\nAnd now?\n")
+    assert result.returncode == 0, result.stderr.decode()
+    replies = [json.loads(line) for line in result.stdout.decode().splitlines() if '"assistant"' in line]
+    assert len(replies) == 2
+    for reply in replies:
+        value = json.loads(reply["content"])
+        assert set(value) == {"mood", "score"} and value["mood"] in ("good", "bad") and 0 <= value["score"] <= 9
+        assert reply["stats"]["stop_reason"] == "eos"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("[1", "not a JSON file (Expecting ',' delimiter: line 1 column 3 (char 2))"),
+        ("[1]", 'a JSON schema is an object, as {"type": "object"}'),
+        ('{"type": "strin"}', "the JSON schema cannot constrain a reply: Invalid type: strin"),
+    ],
+)
+def test_a_json_schema_file_that_cannot_hold_replies_fails_before_the_model_loads(tmp_path, content, message):
+    path = tmp_path / "schema.json"
+    if content is not None:
+        path.write_text(content)
+    result = streamchat(tmp_path / "no-model-here", "--json-schema", str(path), stdin=b"Hello\n")
+    assert result.returncode == 2
+    assert result.stderr.decode() == f"error: --json-schema {path}: {message}\n"
+
+
 @pytest.mark.skipif(not (SHARED / "mt_bench.jsonl").exists(), reason="shared data is not present")
 def test_mt_bench_questions_as_markdown(tiny_chat_model, tmp_path):
     questions = (SHARED / "mt_bench.jsonl").read_text().splitlines()[:2]

@@ -1,7 +1,7 @@
 """A player of the model for the sink cache's tests: synthetic keys with a known geometry.
 
-Token t has a known key before RoPE (`raw_key(t)`, float64). The player takes each step
-through the cache (`with cache.step(ids)`, or `with cache.decode_step()` and
+Token t has a known key before RoPE (`raw_key(t)`, float64). The player takes each pass
+through the cache (`with cache.forward_pass(ids)`, or `with cache.decode_pass()` and
 decode_inputs), rotates the key once at the position the cache hands out, rounds it to the
 storage dtype, and feeds it. Token identities ride in the values (base-16 digits: exact in
 any dtype), so a test reads which token each slot the last query may see holds, without
@@ -73,17 +73,17 @@ class Player:
         self.rope = Rope(layout, inv_freq)
         self.dtype = dtype
         self.seen = 0
-        self.eviction = None  # what the last step evicted
+        self.eviction = None  # what the last pass evicted
 
     def feed(self, count: int):
-        """Feed the next `count` tokens in one eager step; return what the last query sees, and its position."""
-        with self.cache.step(torch.arange(self.seen, self.seen + count)[None]) as step:
-            self.eviction = step.eviction
-            return self._write(count, step.inputs)
+        """Feed the next `count` tokens in one eager pass; return what the last query sees, and its position."""
+        with self.cache.forward_pass(torch.arange(self.seen, self.seen + count)[None]) as opened:
+            self.eviction = opened.eviction
+            return self._write(count, opened.inputs)
 
     def decode(self):
-        """Feed the next token through the device-only decode step."""
-        with self.cache.decode_step() as eviction:
+        """Feed the next token through the device-only decode pass."""
+        with self.cache.decode_pass() as eviction:
             self.eviction = eviction
             return self._write(1, self.cache.decode_inputs(torch.tensor([[self.seen]])))
 
@@ -118,5 +118,5 @@ class Player:
 
 
 def play(player: Player, counts: list[int]) -> list:
-    """Feed `counts` tokens step by step (1: a decode step); what each step's last query saw, and its position."""
+    """Feed `counts` tokens pass by pass (1: a decode pass); what each pass's last query saw, and its position."""
     return [player.feed(count) if count > 1 else player.decode() for count in counts]

@@ -20,7 +20,7 @@ import torch
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.architectures import SUPPORTED_MODEL_TYPES
 from streamchat.cache.layers import SinkLayer, SlidingLayer
-from streamchat.engine.compiled_decode import decode_step
+from streamchat.engine.compiled_decode import decode_logits
 from streamchat.placement.device import Accelerators
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import ROPE_SCALINGS, VOCAB, tiny_model
@@ -34,7 +34,7 @@ KEPT = 40  # a system turn's worth of kept tokens
 KEPT_TYPES = ["cohere", "gemma2", "gemma3_text", "gpt_neox", "llama"]
 
 
-def stream(model, *, follow: bool, step=decode_step, sinks: int = SINKS) -> tuple[float, float]:
+def stream(model, *, follow: bool, step=decode_logits, sinks: int = SINKS) -> tuple[float, float]:
     """(max |logit difference|, top-1 agreement) between the sink cache and the reference."""
     generator = torch.Generator().manual_seed(1)
     device = model.get_input_embeddings().weight.device
@@ -47,7 +47,7 @@ def stream(model, *, follow: bool, step=decode_step, sinks: int = SINKS) -> tupl
             ids = tokens[fed : fed + count][None]
             fed += count
             if count == 1 and real.ledger.sinks_full:
-                with real.decode_step():
+                with real.decode_pass():
                     ours = step(model, real, ids)[0, -1].float()
             else:
                 ours = forward(model, real, ids).logits[0, -1].float()
@@ -118,7 +118,7 @@ def test_on_cuda_with_sdpa_float32_logits_match_and_bfloat16_top1_agrees(model_t
 @pytest.mark.parametrize("model_type", ["llama", "gemma2"])
 def test_on_cuda_the_compiled_decode_step_matches_the_reference(model_type):
     model = copy.deepcopy(tiny_model(model_type)).to("cuda")
-    compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    compiled = torch.compile(decode_logits, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
     def step(model, cache, ids):
         cache.static_extent = True

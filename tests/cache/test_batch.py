@@ -7,7 +7,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch, bucket
-from streamchat.cache.feeding import step_logits
+from streamchat.cache.feeding import model_logits
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheStateError
 from tests.support.models import VOCAB, tiny_model
@@ -19,9 +19,9 @@ def filled(model, sinks: int, tokens: int, seed: int) -> SinkCache:
     return cache
 
 
-def step(model, batch: CacheBatch, tokens: list[int]) -> torch.Tensor:
-    with batch.decode_step([torch.tensor([token]) for token in tokens]) as opened:
-        return step_logits(model, batch, opened.input_ids, opened.inputs)
+def decode(model, batch: CacheBatch, tokens: list[int]) -> torch.Tensor:
+    with batch.decode_pass([torch.tensor([token]) for token in tokens]) as opened:
+        return model_logits(model, batch, opened.input_ids, opened.inputs)
 
 
 def test_buckets_are_powers_of_two():
@@ -67,13 +67,13 @@ def test_caches_joining_together_take_the_next_rows_in_order():
             assert torch.equal(tensor, state[name]), name
 
 
-def test_a_batched_step_gives_each_row_the_logits_of_its_own_step():
+def test_a_batched_pass_gives_each_row_the_logits_of_its_own_pass():
     model = tiny_model("qwen2")
     alone = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 28), (3, 12)])]
     together = [filled(model, sinks, tokens, seed) for seed, (sinks, tokens) in enumerate([(4, 28), (3, 12)])]
     expected = []
     for cache, token in zip(alone, (17, 99), strict=True):
-        with cache.decode_step():
+        with cache.decode_pass():
             inputs = cache.decode_inputs(torch.tensor([[token]]))
             expected.append(
                 model(
@@ -87,7 +87,7 @@ def test_a_batched_step_gives_each_row_the_logits_of_its_own_step():
     batch = CacheBatch()
     for cache in together:
         batch.join(cache)
-    logits = step(model, batch, [17, 99])
+    logits = decode(model, batch, [17, 99])
     for row, wanted in enumerate(expected):
         torch.testing.assert_close(logits[row : row + 1], wanted, rtol=0, atol=1e-5)
     for one, other in zip(alone, together, strict=True):
@@ -103,8 +103,8 @@ def test_a_row_an_earlier_member_wrote_further_is_taken_over_as_if_it_were_new()
     batch.leave(earlier)  # row 1 keeps what `earlier` wrote, 20 slots
     batch.join(joining)  # only its 6 written slots are copied in: the rest of row 1 is earlier's
     assert batch._slot_pools[0][0][1, :, 6:20].abs().sum() > 0
-    logits = step(model, batch, [7, 8])  # attention reads 10 slots of every row: 4 of them earlier's, in row 1
-    with alone.decode_step():
+    logits = decode(model, batch, [7, 8])  # attention reads 10 slots of every row: 4 of them earlier's, in row 1
+    with alone.decode_pass():
         inputs = alone.decode_inputs(torch.tensor([[8]]))
         wanted = model(
             input_ids=torch.tensor([[8]]),
@@ -121,11 +121,11 @@ def test_a_row_an_earlier_member_wrote_further_is_taken_over_as_if_it_were_new()
     assert joining.stats() == alone.stats()
 
 
-def test_a_step_needs_a_token_for_every_member_and_a_member_its_sinks_filled():
+def test_a_pass_needs_a_token_for_every_member_and_a_member_its_sinks_filled():
     model = tiny_model("llama")
     batch = CacheBatch()
     with pytest.raises(CacheStateError, match="sinks are filled"):
         batch.join(filled(model, 8, 3, 0))
     batch.join(filled(model, 4, 10, 1))
     with pytest.raises(CacheStateError, match="got 2 tokens"):
-        step(model, batch, [1, 2])
+        decode(model, batch, [1, 2])

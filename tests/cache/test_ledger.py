@@ -32,7 +32,7 @@ def test_a_full_ring_always_has_one_free_slot_to_write():
     ("sinks", "window", "message"),
     [
         (-1, 10, "sinks=-1: must be a whole number >= 0"),
-        (4, 0, "window=0: must be a whole number >= 1 (a decode step needs one slot)"),
+        (4, 0, "window=0: must be a whole number >= 1 (a decode pass needs one slot)"),
         (4, -5, "window=-5"),
         (2.5, 10, "sinks=2.5"),
         (True, 10, "sinks=True"),
@@ -43,55 +43,55 @@ def test_invalid_sizes_are_refused_by_name(sinks, window, message):
         StreamLedger(sinks, window)
 
 
-def test_a_step_longer_than_the_window_is_refused():
+def test_a_pass_longer_than_the_window_is_refused():
     ledger = StreamLedger(sinks=4, window=10)
-    with pytest.raises(CacheConfigError, match="15 tokens in one step do not fit a window of 10"):
-        ledger.step(15)
+    with pytest.raises(CacheConfigError, match="15 tokens in one pass do not fit a window of 10"):
+        ledger.place(15)
 
 
 def test_the_first_tokens_fill_the_sinks_then_the_window():
     ledger = StreamLedger(sinks=4, window=10)
-    step = ledger.step(6)
-    assert step.sink_slots == (0, 4)
-    assert step.window_runs == ((0, 2),)
-    assert step.first_position == 0 and step.sink_shift == 0 and step.extent == 6
+    placement = ledger.place(6)
+    assert placement.sink_slots == (0, 4)
+    assert placement.window_runs == ((0, 2),)
+    assert placement.first_position == 0 and placement.sink_shift == 0 and placement.extent == 6
     assert ledger.stats() == CacheStats(4, 4, 2, 10, seen=6, evicted=0)
 
 
-def test_a_full_window_evicts_exactly_what_the_step_needs():
+def test_a_full_window_evicts_exactly_what_the_pass_needs():
     ledger = StreamLedger(sinks=4, window=10)
-    ledger.step(14)
+    ledger.place(14)
     assert ledger.overflow(3) == 3
     assert ledger.evict(3) == Eviction(
         count=3, first_index=4, last_index=6, stats=CacheStats(4, 4, 7, 10, seen=14, evicted=3)
     )
-    step = ledger.step(3)
-    assert step.window_runs == ((10, 11), (0, 2))  # the spare slot, then the slots just freed
+    placement = ledger.place(3)
+    assert placement.window_runs == ((10, 11), (0, 2))  # the spare slot, then the slots just freed
     assert ledger.used == 14
-    assert step.sink_shift == 3  # the window now starts at position 7, right after sinks at 3..6
+    assert placement.sink_shift == 3  # the window now starts at position 7, right after sinks at 3..6
 
 
-def test_a_step_without_room_is_refused():
+def test_a_pass_without_room_is_refused():
     ledger = StreamLedger(sinks=2, window=4)
-    ledger.step(6)
+    ledger.place(6)
     with pytest.raises(CacheConfigError, match=r"no room for 1 tokens: evict_for_space\(1\) first"):
-        ledger.step(1)
+        ledger.place(1)
 
 
 def test_window_tokens_keep_their_slot_for_life():
     ledger = StreamLedger(sinks=2, window=4)
-    ledger.step(2)
+    ledger.place(2)
     slot_of = {}
     for token in range(2, 40):
         ledger.evict(ledger.overflow(1))
-        ((start, _),) = ledger.step(1).window_runs
+        ((start, _),) = ledger.place(1).window_runs
         slot_of[token] = start
     assert all(slot == (token - 2) % 5 for token, slot in slot_of.items())
 
 
 def test_eviction_indices_follow_the_stream():
     ledger = StreamLedger(sinks=4, window=10)
-    ledger.step(14)
+    ledger.place(14)
     assert ledger.evict(2) == Eviction(2, 4, 5, CacheStats(4, 4, 8, 10, seen=14, evicted=2))
     assert ledger.evict(0) is None
     assert ledger.evict(3).first_index == 6
@@ -99,7 +99,7 @@ def test_eviction_indices_follow_the_stream():
 
 def test_evicting_more_than_the_window_holds_is_refused():
     ledger = StreamLedger(sinks=4, window=10)
-    ledger.step(5)
+    ledger.place(5)
     with pytest.raises(CacheConfigError, match="cannot evict 2 tokens from a window holding 1"):
         ledger.evict(2)
 
@@ -113,7 +113,7 @@ def test_positions_rebase_at_most_once_per_window():
             assert ledger.sink_shift == 0
             assert ledger.next_position == ledger.used
         ledger.evict(ledger.overflow(1))
-        ledger.step(1)
+        ledger.place(1)
         assert ledger.next_position < ledger.rebase_at + 1
         assert 0 <= ledger.sink_shift <= ledger.max_shift
     assert rebases[0] == (24, 10)
@@ -127,7 +127,7 @@ def test_a_held_rebase_waits_and_the_shift_stays_within_max_shift():
     for _ in range(ledger.ring.slots + 30):
         assert not ledger.rebase_due
         ledger.evict(ledger.overflow(1))
-        ledger.step(1)
+        ledger.place(1)
         if ledger.next_position >= ledger.rebase_at + ledger.ring.slots:
             break
         assert ledger.sink_shift <= ledger.max_shift
@@ -137,20 +137,20 @@ def test_a_held_rebase_waits_and_the_shift_stays_within_max_shift():
 
 def test_copies_are_independent():
     ledger = StreamLedger(sinks=2, window=4)
-    ledger.step(5)
+    ledger.place(5)
     clone = ledger.copy()
     ledger.evict(2)
-    ledger.step(2)
+    ledger.place(2)
     assert (clone.ring.head, clone.ring.length, clone.seen) == (0, 3, 5)
 
 
 def test_sliding_ledger_keeps_the_last_window_minus_one_for_new_queries():
     sliding = SlidingLedger(sliding_window=4)
-    first = sliding.step(6)
+    first = sliding.place(6)
     assert (first.kept, first.stored_from, first.runs) == ((), 2, ((0, 4),))
-    decode = sliding.step(1)  # the query sees the three before it and itself
+    decode = sliding.place(1)  # the query sees the three before it and itself
     assert decode.runs == ((4, 5),) and decode.freed == ((0, 1),) and sliding.ring.length == 4
-    chunk = sliding.step(3)
+    chunk = sliding.place(3)
     assert chunk.kept == ((2, 5),)  # oldest first: the tokens the three new queries still see
     assert chunk.freed == ((1, 4),) and chunk.runs == ((0, 3),)  # the three oldest go, the new take slots 0-2
     assert (sliding.ring.head, sliding.ring.length) == (4, 4)

@@ -5,7 +5,7 @@ import torch
 
 from streamchat.cache import LayerSpec, SinkCache, forward, layer_specs
 from streamchat.cache.batch import CacheBatch
-from streamchat.cache.feeding import step_logits
+from streamchat.cache.feeding import model_logits
 from streamchat.cache.quantized_kv import QuantizedWindow, dequantize, quantize, widened
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheConfigError, CacheStateError
@@ -68,18 +68,18 @@ def test_an_unknown_format_is_refused():
 
 
 def play(cache: SinkCache, keys: torch.Tensor, values: torch.Tensor, counts: list[int], decodes: int) -> list:
-    """Feed keys/values [1, heads, n, dim] in eager steps of `counts`, then `decodes` decode steps; what each step
+    """Feed keys/values [1, heads, n, dim] in eager passes of `counts`, then `decodes` decode passes; what each pass
     returned (copied, with its last query's mask)."""
     seen, returned = 0, []
     for count in [*counts, *[None] * decodes]:
         span = slice(seen, seen + (count or 1))
         if count is None:
-            with cache.decode_step():
+            with cache.decode_pass():
                 mask = cache.decode_inputs(torch.tensor([[seen]])).attention_mask
                 stored = cache.update(keys[:, :, span], values[:, :, span], 0)
         else:
-            with cache.step(torch.arange(seen, seen + count)[None]) as step:
-                mask = step.inputs.attention_mask
+            with cache.forward_pass(torch.arange(seen, seen + count)[None]) as opened:
+                mask = opened.inputs.attention_mask
                 stored = cache.update(keys[:, :, span], values[:, :, span], 0)
         returned.append((stored[0].clone(), stored[1].clone(), mask[0, 0, -1]))
         seen += count or 1
@@ -90,8 +90,8 @@ def test_an_int8_window_reads_as_the_full_one_within_a_rounding_and_its_sinks_ex
     keys, values = torch.randn(1, HEADS, 200, DIM).bfloat16(), torch.randn(1, HEADS, 200, DIM).bfloat16()
     full, int8 = synthetic_cache("full"), synthetic_cache("int8")
     counts, decodes = [10, 3, 1, 25, 1], 150  # past the window (evictions, sink shifts) and a rebase at 64
-    steps = zip(play(full, keys, values, counts, decodes), play(int8, keys, values, counts, decodes), strict=True)
-    for (full_keys, full_values, held), (int8_keys, int8_values, int8_held) in steps:
+    passes = zip(play(full, keys, values, counts, decodes), play(int8, keys, values, counts, decodes), strict=True)
+    for (full_keys, full_values, held), (int8_keys, int8_values, int8_held) in passes:
         assert torch.equal(held, int8_held)
         # The sinks (first 4 slots) as the full cache holds them, bit for bit: rotated from the same pristine copy.
         assert torch.equal(full_keys[:, :, :4], int8_keys[:, :, :4])
@@ -141,7 +141,7 @@ def test_taking_back_a_reply_restores_the_levels_scales_and_sinks_it_overwrote()
     assert all(torch.equal(mine, kept) for mine, kept in zip(after, before, strict=True))
 
 
-def test_a_pool_of_int8_caches_steps_each_row_as_it_would_step_alone():
+def test_a_pool_of_int8_caches_decodes_each_row_as_it_would_decode_alone():
     model = tiny_model("llama")
     shapes = [(4, 28), (3, 12)]
 
@@ -154,25 +154,25 @@ def test_a_pool_of_int8_caches_steps_each_row_as_it_would_step_alone():
     together = [filled(sinks, tokens, seed) for seed, (sinks, tokens) in enumerate(shapes)]
     expected = []
     for cache, token in zip(alone, (17, 99), strict=True):
-        with cache.decode_step():
+        with cache.decode_pass():
             inputs = cache.decode_inputs(torch.tensor([[token]]))
-            expected.append(step_logits(model, cache, torch.tensor([[token]]), inputs))
+            expected.append(model_logits(model, cache, torch.tensor([[token]]), inputs))
     batch = CacheBatch()
     batch.join(*together)
-    with batch.decode_step([torch.tensor([17]), torch.tensor([99])]) as opened:
-        logits = step_logits(model, batch, opened.input_ids, opened.inputs)
+    with batch.decode_pass([torch.tensor([17]), torch.tensor([99])]) as opened:
+        logits = model_logits(model, batch, opened.input_ids, opened.inputs)
     for row, wanted in enumerate(expected):
         torch.testing.assert_close(logits[row : row + 1], wanted, rtol=0, atol=1e-5)
     for cache in together:
-        batch.leave(cache)  # its own storage again, a copy of its row: the next step reads the same
+        batch.leave(cache)  # its own storage again, a copy of its row: the next pass reads the same
     for one, other in zip(alone, together, strict=True):
         assert one.stats() == other.stats()
-        steps = []
+        decoded = []
         for cache in (one, other):
-            with cache.decode_step():
+            with cache.decode_pass():
                 inputs = cache.decode_inputs(torch.tensor([[5]]))
-                steps.append(step_logits(model, cache, torch.tensor([[5]]), inputs))
-        torch.testing.assert_close(*steps, rtol=0, atol=1e-4)
+                decoded.append(model_logits(model, cache, torch.tensor([[5]]), inputs))
+        torch.testing.assert_close(*decoded, rtol=0, atol=1e-4)
 
 
 def test_caches_of_different_formats_share_no_pool():

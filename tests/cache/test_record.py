@@ -1,4 +1,4 @@
-"""The cache's record: which token each held slot has and its label, in stream order, through every kind of step."""
+"""The cache's record: which token each held slot has and its label, in stream order, through every kind of pass."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch
-from streamchat.cache.feeding import step_logits
+from streamchat.cache.feeding import model_logits
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.cache.record import UNREAD, HeldTokens
 from streamchat.cache.snapshots import CacheSnapshot
@@ -22,11 +22,11 @@ def feed(model, cache: SinkCache, token_ids: list[int], label: int):
 
 
 def decode(model, cache: SinkCache, token: int, label: int, token_id: int | None = None):
-    """One decode step of `token`; the host names it before the step (token_id) or learns it after."""
+    """One decode pass of `token`; the host names it before the pass (token_id) or learns it after."""
     known = token if token_id is None else token_id
-    with cache.decode_step(label, known) as eviction:
+    with cache.decode_pass(label, known) as eviction:
         tensor = torch.tensor([[token]])
-        step_logits(model, cache, tensor, cache.decode_inputs(tensor))
+        model_logits(model, cache, tensor, cache.decode_inputs(tensor))
     return eviction
 
 
@@ -61,13 +61,13 @@ def test_a_skipped_middle_is_forgotten_without_being_held():
     assert cache.stats().evicted == 0 and cache.ledger.skipped == 40
 
 
-def test_decode_steps_record_their_token_known_before_or_learned_after_and_wrap_the_ring():
+def test_decode_passes_record_their_token_known_before_or_learned_after_and_wrap_the_ring():
     model = tiny_model("llama")
     cache = SinkCache.for_model(model, SINKS, WINDOW)
-    feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)  # the window is full: each step evicts one
+    feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)  # the window is full: each pass evicts one
     assert decode(model, cache, 50, label=1).token_ids == (12,)
     assert decode(model, cache, 51, label=1, token_id=UNREAD).token_ids == (13,)
-    assert cache.held_tokens().window_ids == (14, 15, 50, UNREAD)  # read back a step late
+    assert cache.held_tokens().window_ids == (14, 15, 50, UNREAD)  # read back a pass late
     cache.learn_token(51)
     for token in (52, 53, 54):  # the ring wraps
         decode(model, cache, token, label=3)
@@ -77,7 +77,7 @@ def test_decode_steps_record_their_token_known_before_or_learned_after_and_wrap_
     assert cache.occupancy.token_ids.tolist() == cache.record.token_ids  # the device's ids agree, slot by slot
 
 
-def test_a_step_taken_back_leaves_the_record_as_it_was():
+def test_a_pass_taken_back_leaves_the_record_as_it_was():
     model = tiny_model("llama")
     cache = SinkCache.for_model(model, SINKS, WINDOW)
     feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)
@@ -105,11 +105,11 @@ def test_a_reply_snapshot_brings_back_the_tokens_a_long_reply_overwrote():
     assert cache.held_tokens() == before
 
 
-def test_a_batch_member_records_what_a_one_row_step_records():
+def test_a_batch_member_records_what_a_one_row_pass_records():
     model = tiny_model("llama")
     alone, member, other = (SinkCache.for_model(model, SINKS, WINDOW) for _ in range(3))
     for cache in (alone, member):
-        feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)  # full: each step evicts one
+        feed(model, cache, [10, 11, 12, 13, 14, 15], label=0)  # full: each pass evicts one
     feed(model, other, [90, 91, 92], label=0)
     evictions = [decode(model, alone, token, label=1) for token in (40, 41, 42)]
     batch = CacheBatch()
@@ -118,8 +118,8 @@ def test_a_batch_member_records_what_a_one_row_step_records():
     batched = []
     for token in (40, 41, 42):
         tokens = [torch.tensor([token]), torch.tensor([token + 50])]
-        with batch.decode_step(tokens, labels=[1, 6], token_ids=[token, token + 50]) as opened:
-            step_logits(model, batch, opened.input_ids, opened.inputs)
+        with batch.decode_pass(tokens, labels=[1, 6], token_ids=[token, token + 50]) as opened:
+            model_logits(model, batch, opened.input_ids, opened.inputs)
         batched.append(opened.evictions[0])
     assert member.held_tokens() == alone.held_tokens()
     assert [eviction.token_ids for eviction in batched] == [eviction.token_ids for eviction in evictions]

@@ -5,7 +5,7 @@ RoPE, which the player rotates once at the position the cache hands out, and the
 identity rides in its value, so the test reads which token each visible slot holds
 without asking the cache.
 
-A key has the exact in-cache geometry when its rotary distance to the step's last
+A key has the exact in-cache geometry when its rotary distance to the pass's last
 query equals its distance in the cache the paper describes (sinks, then the window,
 then the new tokens, contiguous). Only distances matter to attention, so the expected
 key is the raw key rotated once in float64 to (query position - that distance).
@@ -30,12 +30,12 @@ def test_positions_are_exact_in_float32_after_many_evictions():
         assert player.worst_error(returned, position) < 1e-5
 
 
-def test_decode_steps_are_exact_and_equal_to_eager_steps():
+def test_decode_passes_are_exact_and_equal_to_eager_passes():
     eager, device = Player(sinks=4, window=60, dtype=torch.bfloat16), Player(sinks=4, window=60, dtype=torch.bfloat16)
     for player in (eager, device):
         player.feed(30)
-    for step in range(400):
-        count = 9 if step % 97 == 50 else 1
+    for index in range(400):
+        count = 9 if index % 97 == 50 else 1
         expected = eager.feed(count)
         got = device.feed(count) if count > 1 else device.decode()
         assert device.worst_error(*got) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
@@ -72,7 +72,7 @@ def test_other_rotary_layouts_keep_exact_geometry(layout, rotary_dim):
         assert player.worst_error(returned, position) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
 
 
-def test_storage_is_allocated_once_and_steps_return_views_of_it():
+def test_storage_is_allocated_once_and_passes_return_views_of_it():
     player = Player(sinks=4, window=60, dtype=torch.bfloat16)
     player.feed(40)
     layer = player.cache.layers[0]
@@ -83,7 +83,7 @@ def test_storage_is_allocated_once_and_steps_return_views_of_it():
     assert layer.keys.shape[2] == 4 + 61  # the sinks, then one slot more than the window
 
 
-def test_a_decode_step_writes_its_slot_and_the_sinks_and_nothing_else():
+def test_a_decode_pass_writes_its_slot_and_the_sinks_and_nothing_else():
     player = Player(sinks=4, window=2000, dtype=torch.bfloat16)
     for _ in range(3):
         player.feed(1000)
@@ -119,7 +119,7 @@ def test_reset_forgets_everything():
     assert player.worst_error(returned, position) < 1e-6
 
 
-def test_each_step_returns_exactly_the_eviction_the_ledger_made_for_it():
+def test_each_pass_returns_exactly_the_eviction_the_ledger_made_for_it():
     player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(14)
     assert player.eviction is None  # it fit
@@ -147,45 +147,45 @@ def test_a_forward_pass_that_raises_leaves_the_cache_torn_until_reset():
     cache = SinkCache([spec, spec], sinks=2, window=8)
     keys = torch.zeros(1, HEADS, 1, HEAD_DIM)
     token = torch.zeros(1, 1, dtype=torch.long)
-    with pytest.raises(RuntimeError, match="the model failed"), cache.step(token):
+    with pytest.raises(RuntimeError, match="the model failed"), cache.forward_pass(token):
         cache.update(keys, keys, 0)
         raise RuntimeError("the model failed")  # layer 1 never runs: the pass stopped half way
     assert not cache.is_consistent()
-    with pytest.raises(CacheStateError, match="forward pass stopped half way"), cache.step(token):
+    with pytest.raises(CacheStateError, match="forward pass stopped half way"), cache.forward_pass(token):
         pass
     cache.reset()
-    with cache.step(token):
+    with cache.forward_pass(token):
         cache.update(keys, keys, 0)
         cache.update(keys, keys, 1)
     assert cache.is_consistent() and cache.stats().seen == 1
 
 
-def test_a_decode_step_that_raises_leaves_the_cache_torn():
+def test_a_decode_pass_that_raises_leaves_the_cache_torn():
     player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(14)
-    with pytest.raises(RuntimeError, match="the model failed"), player.cache.decode_step():
+    with pytest.raises(RuntimeError, match="the model failed"), player.cache.decode_pass():
         raise RuntimeError("the model failed")
     assert not player.cache.is_consistent()
     with pytest.raises(CacheStateError, match="forward pass stopped half way"):
         player.decode()
 
 
-def test_a_decode_step_before_the_sinks_are_full_is_refused_with_the_way_out():
+def test_a_decode_pass_before_the_sinks_are_full_is_refused_with_the_way_out():
     player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(3)
-    with pytest.raises(CacheStateError, match=r"needs the sinks filled first; feed through cache\.step"):
+    with pytest.raises(CacheStateError, match=r"needs the sinks filled first; feed through cache\.forward_pass"):
         player.decode()
     assert player.cache.is_consistent() and player.cache.stats().seen == 3
 
 
-def test_a_model_called_without_the_cache_s_step_is_refused_with_the_way_out():
+def test_a_model_called_outside_a_pass_of_the_cache_is_refused_with_the_way_out():
     cache = SinkCache([LayerSpec(INV_FREQ.float())], sinks=2, window=8)
     keys = torch.zeros(1, HEADS, 1, HEAD_DIM)
     with pytest.raises(CacheStateError, match=r"call the model through cache\.feeding"):
         cache.update(keys, keys, 0)
 
 
-def test_steps_longer_than_the_window_are_refused():
+def test_passes_longer_than_the_window_are_refused():
     player = Player(sinks=4, window=10, dtype=torch.float32)
     player.feed(4)
     with pytest.raises(CacheConfigError, match="feed at most 10 at a time"):

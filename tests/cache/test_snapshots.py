@@ -1,4 +1,4 @@
-"""Snapshots of a sink cache: taking back a decode step, a reply (/regen), and the whole state saved and read back."""
+"""Snapshots of a sink cache: taking back a decode pass, a reply (/regen), and the whole state saved and read back."""
 
 import pytest
 import torch
@@ -42,7 +42,7 @@ def test_a_partial_snapshot_holds_rebases_until_it_is_released():
     assert player.worst_error(returned, position) <= 2 * UNIT_ROUNDOFF[torch.bfloat16]
 
 
-def test_rolling_back_a_decode_step_is_exact():
+def test_rolling_back_a_decode_pass_is_exact():
     taken_back, straight = Player(4, 30, torch.bfloat16), Player(4, 30, torch.bfloat16)
     for player in (taken_back, straight):
         player.feed(30)
@@ -97,7 +97,7 @@ def test_a_state_saved_from_another_shape_is_refused():
         CacheSnapshot.from_tensors(CacheSnapshot.whole(player.cache).tensors(), Player(4, 40, torch.bfloat16).cache)
 
 
-def test_a_decode_step_s_snapshot_keeps_only_the_bookkeeping():
+def test_a_decode_pass_s_snapshot_keeps_only_the_bookkeeping():
     player = Player(4, 30, torch.bfloat16)
     player.feed(30)
     snapshot = CacheSnapshot.take(player.cache)

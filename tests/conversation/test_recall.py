@@ -6,15 +6,20 @@ from streamchat.conversation.recall import (
     NOTE_HEADING,
     Passage,
     RecallIndex,
+    fed_ids,
     fed_text,
+    note_budget,
     passages_of,
     recall_note,
+    recalled_event,
     turn_numbers,
     words,
 )
 from streamchat.conversation.session import ChatSession, SessionOptions
 from streamchat.conversation.state import RecalledNote
+from streamchat.conversation.template import chat_format_for
 from streamchat.errors import ConfigError
+from streamchat.generation.cache_view import CacheView
 from streamchat.generation.events import Recalled, TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import tiny_model
@@ -111,6 +116,58 @@ def test_the_note_keeps_the_budget_and_the_conversation_order():
     assert fed_text("Q?", third) == f"{NOTE_HEADING}\nYou said: C c c c c c.\n\nQ?"
     assert fed_text("Q?", None) == "Q?"
     assert turn_numbers([0, 1, 6, 13]) == [1, 4, 7]
+
+
+def forgotten(messages: int, partly: int | None = None) -> CacheView:
+    """A view of a cache that forgot the first `messages` messages whole (and `partly` in part)."""
+    return CacheView((), (), forgotten_tokens=1, forgotten_messages=messages, partly_forgotten_message=partly)
+
+
+def test_the_forgotten_messages_are_indexed_as_they_leave_and_searched_but_not_those_a_note_brought_back():
+    transcript = [
+        {"role": "user", "content": FACT},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "The door code is 4471."},
+        {"role": "assistant", "content": "Got it."},
+    ]
+    index = RecallIndex()
+    assert index.search_forgotten(transcript, forgotten(0), {}, "What is the door code?") == []
+    assert index.indexed_messages == 0  # nothing left the cache: nothing indexed
+    # Message 2 partly evicted: it can be recalled, and is indexed; message 3 is still whole in the window.
+    found = index.search_forgotten(transcript, forgotten(2, partly=2), {}, "What is the door code?")
+    assert [passage.message for passage in found] == [2] and index.indexed_messages == 3
+    # A note read with message 3, still in the window, holds message 0: the model sees it, it is not recalled again.
+    note = RecalledNote(messages=(0,), text=f"{NOTE_HEADING}\nI said: {FACT}")
+    assert index.search_forgotten(transcript, forgotten(3), {3: note}, "What is my sister's name?") == []
+    assert [p.message for p in index.search_forgotten(transcript, forgotten(3), {}, "What is my sister's name?")] == [0]
+
+
+def test_an_index_is_kept_only_for_a_conversation_that_begins_with_what_it_indexed():
+    before = [{"role": "user", "content": FACT}, {"role": "assistant", "content": "Noted."}]
+    index = RecallIndex()
+    index.add(0, "user", FACT)
+    assert index.kept_for(before, [*before, {"role": "user", "content": "More."}]) is index
+    assert index.kept_for(before, before[:1]) is index
+    other = index.kept_for(before, [{"role": "user", "content": "Something else."}])
+    assert other is not index and other.indexed_messages == 0 and other.passages == []
+    assert index.kept_for(before, []) is not index  # shorter than what it indexed
+
+
+def test_a_note_takes_a_share_of_the_window_up_to_the_budget():
+    assert note_budget(100) == 25
+    assert note_budget(100_000) == 96
+
+
+def test_the_cache_reads_each_user_message_with_its_note_and_the_event_counts_what_the_note_adds():
+    chat_format = chat_format_for(byte_level_tokenizer(), None)
+    messages = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    note = RecalledNote(messages=(0, 5), text=f"{NOTE_HEADING}\nI said: {FACT}")
+    assert fed_ids(chat_format, messages, {}) == chat_format.conversation_ids(messages)
+    with_note = [{"role": "user", "content": fed_text("Q?", note)}, messages[1]]
+    assert fed_ids(chat_format, messages, {0: note}) == chat_format.conversation_ids(with_note)
+    added = len(chat_format.prompt_ids(fed_text("Q?", note), first_turn=False))
+    added -= len(chat_format.prompt_ids("Q?", first_turn=False))
+    assert added > 0 and recalled_event(chat_format, "Q?", note) == Recalled(passages=2, turns=(1, 3), tokens=added)
 
 
 # ---- a session that recalls -------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """ChatSession on a tiny random llama and an offline ChatML tokenizer: real forward passes, real cache."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -432,3 +433,24 @@ def test_running_out_of_memory_half_way_through_the_layers_is_a_domain_error_and
     assert [m["role"] for m in session.transcript] == ["user", "assistant"]
     assert session.cache_view().token_ids == whole_render(byte_level_tokenizer(), session.transcript)
     assert run(session.chat("More please"))[-1].stats.generated_tokens == 8
+
+
+CHOICE = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "pick": {"enum": ["left", "right"]}},
+    "required": ["ok", "pick"],
+    "additionalProperties": False,
+}
+
+
+def test_a_session_held_to_a_schema_answers_each_turn_with_one_value_and_ends_it_there():
+    from streamchat.generation.constraint import JsonFormat
+
+    session = make_session(settings=dataclasses.replace(GREEDY, max_new_tokens=40), reply_format=JsonFormat(CHOICE))
+    for text in ["Left or right?", "And now?"]:
+        finished = run(session.chat(text))[-1]
+        value = json.loads(finished.reply)
+        assert set(value) == {"ok", "pick"} and value["pick"] in ("left", "right")
+        assert finished.stats.stop_reason == "eos"
+    session.reply_format = None  # free text again: the random model does not stop by itself
+    assert run(session.chat("Say anything."))[-1].stats.stop_reason == "max_new_tokens"

@@ -10,7 +10,7 @@ import torch
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.batch import CacheBatch
-from streamchat.cache.feeding import step_logits
+from streamchat.cache.feeding import model_logits
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.runner import Runner
 from streamchat.engine.scheduler import Scheduled
@@ -69,8 +69,8 @@ def test_a_chunk_sharing_a_pass_with_decode_rows_gives_what_it_gives_read_alone(
     pool = CacheBatch()
     for cache in alone[:decoding]:
         pool.join(cache)
-    with pool.decode_step(tokens) as step:
-        rows = step_logits(model, pool, step.input_ids, step.inputs)  # [rows, 1, vocab]
+    with pool.decode_pass(tokens) as opened:
+        rows = model_logits(model, pool, opened.input_ids, opened.inputs)  # [rows, 1, vocab]
     for cache in alone[:decoding]:
         pool.leave(cache)
     expected = [rows[0:1], rows[1:2]][:decoding]

@@ -148,6 +148,7 @@ EVERY_OPTION = {
     "seed": ("11", 11),
     "stop": ("END", ("END",)),
     "system": ("Be kind.", "Be kind."),
+    "json_schema": ("schema.json", "schema.json"),
     "device": ("cpu", "cpu"),
     "dtype": ("float16", "float16"),
     "quantize": ("int4", "int4"),

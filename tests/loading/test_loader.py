@@ -126,6 +126,21 @@ def test_a_quantized_model_is_packed_once_and_later_starts_read_the_packed_copy(
     assert load_model(options).weights_from == "packed copy"
 
 
+def test_a_quantized_models_q8_0_embedding_is_the_files_own_at_first_and_later_starts(tmp_path: Path):
+    import gguf as gguf_py
+    from gguf.quants import dequantize
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", embedding_type=gguf_py.GGMLQuantizationType.Q8_0)
+    (tensor,) = [t for t in gguf_py.GGUFReader(path).tensors if t.name == "token_embd.weight"]
+    table = torch.from_numpy(dequantize(tensor.data, gguf_py.GGMLQuantizationType.Q8_0))  # [vocab, hidden]
+    ids = torch.arange(table.shape[0])[None]
+    options = LoadOptions(model=str(path), dtype="float32", quantize="int4")
+    for start in ("files", "packed copy"):
+        loaded = load_model(options)
+        assert loaded.weights_from == start
+        assert torch.equal(loaded.model.get_input_embeddings()(ids)[0], table)
+
+
 def test_an_unquantized_model_is_read_from_its_files_at_every_start(model_dir: Path):
     for _ in range(2):
         assert load_model(LoadOptions(model=str(model_dir), dtype="float32", quantize="none")).weights_from == "files"

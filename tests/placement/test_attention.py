@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from streamchat.cache import SinkCache, forward
 from streamchat.cache.masks import BOOLEAN_MASK_ATTENTION
-from streamchat.engine.compiled_decode import decode_step
+from streamchat.engine.compiled_decode import decode_logits
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import (
     ATTENTION_NAME,
@@ -151,9 +151,9 @@ def _compiled_decode_graphs(attention: str, device: str = "cpu") -> tuple[list[t
         return graph.forward
 
     torch._dynamo.reset()
-    step = torch.compile(decode_step, backend=record, fullgraph=True, dynamic=False)
+    step = torch.compile(decode_logits, backend=record, fullgraph=True, dynamic=False)
     token = torch.tensor([[7]], device=device)
-    with cache.decode_step():
+    with cache.decode_pass():
         step(model, cache, token)
     return graphs, config, cache
 

@@ -2,11 +2,13 @@ import pytest
 
 from streamchat.errors import ConfigError
 from streamchat.placement.device import (
+    AVX512,
     Accelerators,
     Placement,
     available_devices,
     choose_device,
     choose_dtype,
+    chosen_variant,
     cpu_bf16_from_cpuinfo,
     for_quantization,
     is_device_name,
@@ -234,3 +236,25 @@ def test_bfloat16_for_the_kernels_only_where_they_run_the_layers(quantize, dtype
     kernels_cpu = Accelerators(cpu_kernels=True)
     assert choose_dtype("auto", "cpu", for_quantization(kernels_cpu, quantize)) == dtype
     assert choose_dtype("auto", "cpu", for_quantization(BF16_CPU, quantize)) == "bfloat16"  # native bf16: always
+
+
+AVX512_CPU = AVX512.cpu_flags | {"avx2", "sse4_2"}
+AVX2_CPU = frozenset({"avx", "avx2", "fma", "f16c", "sse4_2"})
+
+
+@pytest.mark.parametrize(
+    ("asked", "flags", "chosen"),
+    [
+        ("", AVX512_CPU, "avx512"),  # the best this CPU runs
+        ("", AVX2_CPU, "avx2"),
+        ("", frozenset({"avx", "sse4_2"}), None),  # no FMA, no AVX2: none
+        ("avx2", AVX512_CPU, "avx2"),  # named: forced where the CPU runs it
+        (" AVX2 ", AVX512_CPU, "avx2"),
+        ("avx512", AVX2_CPU, None),  # named, but not run here
+        ("0", AVX512_CPU, None),
+        ("1", AVX2_CPU, "avx2"),  # any other value: the best
+    ],
+)
+def test_the_variant_is_the_best_the_cpu_runs_unless_the_environment_names_one(asked, flags, chosen):
+    variant = chosen_variant(asked, flags)
+    assert (variant.name if variant else None) == chosen

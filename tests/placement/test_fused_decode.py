@@ -44,7 +44,7 @@ def counting(monkeypatch, kernels) -> list[int]:
 
 
 def unfused(model: torch.nn.Module) -> LeanForward:
-    """The lean step through torch's operators, layer by layer: what the fused step must equal."""
+    """The lean forward through torch's operators, layer by layer: what the fused decode must equal."""
     lean = lean_forward_for(model)
     lean.fused = None
     return lean
@@ -63,13 +63,13 @@ def caches_for(model: torch.nn.Module, shapes: list[tuple[int, int]], seed: int)
 
 
 def decode_alone(model: torch.nn.Module, lean: LeanForward, sinks: int, window: int) -> tuple[torch.Tensor, SinkCache]:
-    """STEPS greedy tokens through one cache (evicting on the way): every step's logits [STEPS, vocab], the cache."""
+    """STEPS greedy tokens through one cache (evicting on the way): every pass's logits [STEPS, vocab], the cache."""
     (cache,), logits = caches_for(model, [(sinks, window)], seed=1)
     seen = []
     with torch.inference_mode():
         for _ in range(STEPS):
             token = logits.argmax(-1).reshape(1, 1)
-            with cache.decode_step():
+            with cache.decode_pass():
                 inputs = cache.decode_inputs(token)
                 logits = lean(token, inputs.position_ids, inputs.attention_mask, cache)[:, -1]
             seen.append(logits)
@@ -97,7 +97,7 @@ def same_storage(ours: SinkCache, theirs: SinkCache) -> bool:
         ("llama", {}, "int8"),
     ],
 )
-def test_one_row_through_the_fused_step_equals_the_lean_step_bit_for_bit(
+def test_one_row_through_the_fused_decode_equals_the_lean_forward_bit_for_bit(
     kernels, monkeypatch, model_type, tiny, kv_format
 ):
     model = native_int4(kernels, model_type, kv_format=kv_format, **tiny)
@@ -110,7 +110,7 @@ def test_one_row_through_the_fused_step_equals_the_lean_step_bit_for_bit(
 
 
 def decode_pooled(model: torch.nn.Module, lean: LeanForward, shapes: list[tuple[int, int]]):
-    """STEPS greedy tokens for each of several caches of (sinks, window) in one pool: every step's logits
+    """STEPS greedy tokens for each of several caches of (sinks, window) in one pool: every pass's logits
     [STEPS, rows, vocab], the caches."""
     caches, logits = caches_for(model, shapes, seed=2)
     pool, seen = CacheBatch(), []
@@ -118,9 +118,9 @@ def decode_pooled(model: torch.nn.Module, lean: LeanForward, shapes: list[tuple[
     with torch.inference_mode():
         for _ in range(STEPS):
             tokens = logits.argmax(-1)
-            with pool.decode_step(list(tokens[:, None])) as step:
-                inputs = step.inputs
-                logits = lean(step.input_ids, inputs.position_ids, inputs.attention_mask, pool)[:, -1]
+            with pool.decode_pass(list(tokens[:, None])) as opened:
+                inputs = opened.inputs
+                logits = lean(opened.input_ids, inputs.position_ids, inputs.attention_mask, pool)[:, -1]
             seen.append(logits)
     assert all(cache.stats().evicted > 0 for cache in caches)
     return torch.stack(seen), caches
@@ -130,7 +130,7 @@ POOLED = [(4, 20), (5, 23), (6, 26)]  # each conversation its own sinks and wind
 
 
 @pytest.mark.parametrize("kv_format", ["full", "int8"])
-def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_step_bit_for_bit(
+def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_forward_bit_for_bit(
     kernels, monkeypatch, kv_format
 ):
     model = native_int4(kernels, kv_format=kv_format)
@@ -142,7 +142,7 @@ def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_step_bit
     assert all(same_storage(ours, theirs) for ours, theirs in zip(fused_caches, expected_caches, strict=True))
 
 
-def test_a_float32_model_or_torchs_int4_layers_have_no_fused_step(kernels):
+def test_a_float32_model_or_torchs_int4_layers_have_no_fused_decode(kernels):
     assert lean_forward_for(native_int4(kernels, dtype=torch.float32)).fused is None
     model = copy.deepcopy(tiny_model("llama", dtype=torch.bfloat16))
     fuse_projections(model)
@@ -150,7 +150,7 @@ def test_a_float32_model_or_torchs_int4_layers_have_no_fused_step(kernels):
     assert lean_forward_for(model).fused is None
 
 
-def test_with_the_native_kernels_turned_off_the_step_runs_through_torch(kernels, monkeypatch):
+def test_with_the_native_kernels_turned_off_the_pass_runs_through_torch(kernels, monkeypatch):
     model = native_int4(kernels)
     lean = lean_forward_for(model)
     use_native_kernels(None)
@@ -159,11 +159,11 @@ def test_with_the_native_kernels_turned_off_the_step_runs_through_torch(kernels,
     assert calls == [] and torch.isfinite(logits).all()
 
 
-def test_the_default_model_decodes_through_the_fused_step_exactly_as_through_the_lean_step(default_model, monkeypatch):
+def test_the_default_model_decodes_through_the_fused_kernel_exactly_as_through_lean_forward(default_model, monkeypatch):
     model = default_model.model
     lean = lean_forward_for(model)
     if lean.fused is None:
-        assert not BUILDS_HERE, "the default model loaded on a CPU that runs the native kernels has no fused step"
+        assert not BUILDS_HERE, "the default model loaded on a CPU that runs the native kernels has no fused decode"
         pytest.skip("no native kernels here: the default model's layers are torch's")
     calls = counting(monkeypatch, lean.fused.kernels)
     # Real weights: products and sums far from zero and near it, a rounding of every kind (a float32

@@ -67,8 +67,8 @@ def test_quantized_after_fusing_the_model_predicts_as_the_separately_quantized_o
     plan = plan_quantization(method, "cpu", "bfloat16", Accelerators())
     quantize_model(separate, plan)
     fuse_projections(fused)
-    # q/k/v and gate/up are one layer each now: 2 layers x (qkv, o, gate_up, down) + the head.
-    assert quantize_model(fused, plan) == 2 * 4 + 1
+    # q/k/v and gate/up are one layer each now: 2 layers x (qkv, o, gate_up, down) + the head + the input embedding.
+    assert quantize_model(fused, plan) == 2 * 4 + 2
     if method == "int8":
         assert isinstance(fused.model.layers[0].self_attn.qkv_proj.linear, Int8Linear)
         # Per output row: the fused rows are the separate layers' rows, exactly.

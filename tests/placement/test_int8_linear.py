@@ -1,7 +1,17 @@
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
 
-from streamchat.placement.int8_linear import REFINED_CANDIDATES, Int8Head, Int8Linear, fits_int8_kernel
+from streamchat.placement.int8_linear import (
+    REFINED_CANDIDATES,
+    BlockInt8Embedding,
+    Int8Head,
+    Int8Linear,
+    fits_int8_kernel,
+    quantize_blocks,
+)
 
 
 def linear(in_features: int, out_features: int, dtype: torch.dtype, bias: bool = True) -> torch.nn.Linear:
@@ -61,3 +71,22 @@ def test_a_float32_head_is_the_kernels_own_product():
     head = Int8Head(linear(64, 256, torch.float32))
     hidden = torch.randn(1, 1, 64)
     assert torch.equal(head(hidden), Int8Linear.forward(head, hidden))
+
+
+def test_an_embedding_in_int8_blocks_holds_a_q8_0_table_exactly():
+    # Quantizing the values GGUF's Q8_0 dequantizes to gives back its own bytes, and a looked-up row is their
+    # dequantization (float32 products of the float16 scale and the level), value for value.
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((64, 256)).astype(np.float32)
+    values[3, :32] = 0  # a block of zeros: scale 0
+    blocks = quantize(values, GGMLQuantizationType.Q8_0)
+    table = dequantize(blocks, GGMLQuantizationType.Q8_0)
+    embedding = torch.nn.Embedding(64, 256)
+    embedding.weight.data = torch.from_numpy(table.copy())
+    packed = BlockInt8Embedding(embedding)
+    raw = blocks.reshape(64, 8, 34)  # [rows, blocks, a float16 scale and 32 levels]
+    assert np.array_equal(packed.scales.numpy(), raw[..., :2].copy().view(np.float16)[..., 0])
+    assert np.array_equal(packed.weight.numpy(), raw[..., 2:].copy().view(np.int8).reshape(64, 256))
+    ids = torch.tensor([[0, 3, 63], [5, 5, 1]])
+    assert torch.equal(packed(ids), torch.from_numpy(table)[ids])
+    assert quantize_blocks(torch.from_numpy(values))[0].equal(packed.weight)  # from floats, as gguf-py quantizes

@@ -1,4 +1,4 @@
-"""The lean decode step gives the model's own logits: through the sink cache, and for rows at different positions."""
+"""The lean decode pass gives the model's own logits: through the sink cache, and for rows at different positions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch._dynamo
 from transformers import DynamicCache
 
 from streamchat.cache import SinkCache, forward
-from streamchat.engine.compiled_decode import decode_function, decode_step
+from streamchat.engine.compiled_decode import decode_function, decode_logits
 from streamchat.generation.decoder import Decoder
 from streamchat.generation.decoding import endless_reply
 from streamchat.generation.sampling import Sampler
@@ -43,9 +43,9 @@ def side_by_side(reference: torch.nn.Module, fused: torch.nn.Module) -> float:
     worst = 0.0
     for _ in range(STEPS):
         token = expected[:, -1].argmax(-1, keepdim=True)  # [1, 1]
-        with theirs.decode_step():
-            expected = decode_step(reference, theirs, token)
-        with ours.decode_step():
+        with theirs.decode_pass():
+            expected = decode_logits(reference, theirs, token)
+        with ours.decode_pass():
             inputs = ours.decode_inputs(token)
             got = lean(token, inputs.position_ids, inputs.attention_mask, ours)
         assert got.shape == expected.shape == (1, 1, VOCAB)
@@ -56,7 +56,7 @@ def side_by_side(reference: torch.nn.Module, fused: torch.nn.Module) -> float:
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_through_the_sink_cache_the_lean_step_gives_the_models_own_logits(model_type, dtype):
+def test_through_the_sink_cache_the_lean_forward_gives_the_models_own_logits(model_type, dtype):
     model = tiny_model(model_type, dtype=dtype)
     # The same operations in the same dtypes: not merely close, equal.
     assert side_by_side(model, fused_copy(model)) == 0.0
@@ -116,16 +116,16 @@ def _row(cache: DynamicCache, row: int) -> DynamicCache:
 
 
 @pytest.mark.parametrize("model_type", ["gemma2", "olmo2", "granite", "phi3"])
-def test_other_families_have_no_lean_step(model_type):
+def test_other_families_have_no_lean_forward(model_type):
     assert lean_forward_for(fused_copy(tiny_model(model_type))) is None
 
 
-def test_an_unfused_model_has_no_lean_step():
+def test_an_unfused_model_has_no_lean_forward():
     assert lean_forward_for(tiny_model("llama")) is None
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_the_compiled_lean_step_is_one_graph_that_never_recompiles_and_matches_eager(quantize):
+def test_the_compiled_lean_forward_is_one_graph_that_never_recompiles_and_matches_eager(quantize):
     fused = fused_copy(tiny_model("llama", dtype=torch.bfloat16), quantize)
     greedy = GenerationSettings(temperature=0.0)
     eager = stream(fused, None, greedy)
@@ -137,9 +137,9 @@ def test_the_compiled_lean_step_is_one_graph_that_never_recompiles_and_matches_e
 
 
 def stream(model: torch.nn.Module, backend: str | None, settings: GenerationSettings) -> list[int]:
-    """STEPS tokens through SINKS + WINDOW slots after a PROMPT-token prompt, by the decoder (the lean step)."""
+    """STEPS tokens through SINKS + WINDOW slots after a PROMPT-token prompt, by the decoder (the lean forward)."""
     cache = SinkCache.for_model(model, SINKS, WINDOW)
-    assert decode_function(model) is not decode_step  # the lean step, compiled or not
+    assert decode_function(model) is not decode_logits  # the lean forward, compiled or not
     decoder = Decoder(cache)
     prompt = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     decoder.start(forward(model, cache, prompt).logits, settings, Sampler(seed=11))

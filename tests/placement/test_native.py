@@ -1,5 +1,6 @@
 import ctypes
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -8,10 +9,8 @@ import torch
 from streamchat.cache.quantized_kv import QuantizedWindow, quantize
 from streamchat.placement.attention import decode_attention, decode_attention_stored, decode_mask
 from streamchat.placement.native import (
-    AVX512,
     KERNELS,
     NativeKernels,
-    chosen_variant,
     kernel_signatures,
     load_native_kernels,
     use_native_kernels,
@@ -39,28 +38,6 @@ def test_they_are_built_once_and_reused(kernels, tmp_path, monkeypatch):
     assert reused is not None and reused.library == tmp_path / kernels.library.name
 
 
-AVX512_CPU = AVX512.cpu_flags | {"avx2", "sse4_2"}
-AVX2_CPU = frozenset({"avx", "avx2", "fma", "f16c", "sse4_2"})
-
-
-@pytest.mark.parametrize(
-    ("asked", "flags", "chosen"),
-    [
-        ("", AVX512_CPU, "avx512"),  # the best this CPU runs
-        ("", AVX2_CPU, "avx2"),
-        ("", frozenset({"avx", "sse4_2"}), None),  # no FMA, no AVX2: none
-        ("avx2", AVX512_CPU, "avx2"),  # named: forced where the CPU runs it
-        (" AVX2 ", AVX512_CPU, "avx2"),
-        ("avx512", AVX2_CPU, None),  # named, but not run here
-        ("0", AVX512_CPU, None),
-        ("1", AVX2_CPU, "avx2"),  # any other value: the best
-    ],
-)
-def test_the_variant_is_the_best_the_cpu_runs_unless_the_environment_names_one(asked, flags, chosen):
-    variant = chosen_variant(asked, flags)
-    assert (variant.name if variant else None) == chosen
-
-
 def test_the_bindings_are_read_from_the_header():
     signatures = kernel_signatures((KERNELS / "kernels.h").read_text())
     kernels = {"int4_rows", "int8_rows", "decode_attention", "decode_attention_int8", "rms_norm", "decode_layers"}
@@ -70,10 +47,54 @@ def test_the_bindings_are_read_from_the_header():
     assert arguments == [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
     returned, arguments = signatures["int4_rows"]
     assert returned is ctypes.c_int and len(arguments) == 10 and arguments[-2:] == [ctypes.c_int, ctypes.c_int]
-    assert len(signatures["decode_attention"][1]) == 19 and len(signatures["decode_layers"][1]) == 14
+    assert len(signatures["decode_attention"][1]) == 19
+    # table, layers; dims, slots, sinks, hidden, cos, sin, sink_cos, sink_sin, mask; eps, scale; threads
+    returned, arguments = signatures["decode_layers"]
+    pointers = [ctypes.c_void_p] * 9
+    assert returned is ctypes.c_int
+    assert arguments == [ctypes.c_void_p, ctypes.c_int64, *pointers, ctypes.c_float, ctypes.c_float, ctypes.c_int]
     assert len(signatures["decode_attention_int8"][1]) == 14
     with pytest.raises(ValueError, match="rows uses the type double, which has no binding"):
         kernel_signatures("int rows(const void *x, double scale);")
+
+
+def reloaded(kernels, tmp_path, monkeypatch, decode_layers) -> NativeKernels | None:
+    """The built library loaded afresh (no compiler: nothing rebuilt), its decode_layers replaced by one that
+    calls `decode_layers(run, table, dims, slots, *rest)`, `run` the library's own."""
+    shutil.copy(kernels.library, tmp_path / kernels.library.name)
+    run = NativeKernels.decode_layers
+    monkeypatch.setattr(NativeKernels, "decode_layers", lambda self, *args: decode_layers(partial(run, self), *args))
+    return fresh_load(tmp_path, monkeypatch, asked=kernels.variant, CC="false")
+
+
+def test_loading_runs_decode_layers_once_on_a_synthetic_layer_set(kernels, tmp_path, monkeypatch):
+    tables = []
+
+    def recorded(run, table, dims, *rest):
+        tables.append((table.shape, len(dims)))
+        return run(table, dims, *rest)
+
+    assert reloaded(kernels, tmp_path, monkeypatch, recorded) is not None
+    assert tables == [(torch.Size([2, 22]), 19)]  # two layers of decode_layers.c's 22 fields; its 19 dims
+
+
+def wrong_slots(run, table, dims, slots, *rest):
+    return run(table, dims, slots.flip(0), *rest)  # each row's token written into the other row's slot
+
+
+def left_undone(run, *args):
+    return None
+
+
+def refusing(run, *args):
+    raise ValueError("the decode layers kernel does not take these sizes")
+
+
+@pytest.mark.parametrize("decode_layers", [wrong_slots, left_undone, refusing])
+def test_a_decode_layers_that_disagrees_with_torch_leaves_no_native_kernels(
+    kernels, tmp_path, monkeypatch, decode_layers
+):
+    assert reloaded(kernels, tmp_path, monkeypatch, decode_layers) is None
 
 
 @pytest.mark.parametrize(

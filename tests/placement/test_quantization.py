@@ -5,7 +5,7 @@ from streamchat import defaults
 from streamchat.errors import ConfigError
 from streamchat.placement.device import Accelerators
 from streamchat.placement.int4_linear import Int4Linear
-from streamchat.placement.int8_linear import Int8Linear
+from streamchat.placement.int8_linear import BlockInt8Embedding, Int8Linear
 from streamchat.placement.quantization import (
     QuantizationPlan,
     plan_kv_cache,
@@ -110,21 +110,29 @@ def test_quantized_cpu_models_predict_as_the_float_model_does(method, dtype):
     expected = last_logits(model, IDS)
     quantized = quantize_model(model, plan_quantization(method, "cpu", str(dtype).removeprefix("torch."), CPU_ONLY))
     got = last_logits(model, IDS)
-    assert quantized == 2 * 7 + 1  # two layers of q, k, v, o, gate, up, down, and the head
+    assert quantized == 2 * 7 + 2  # two layers of q, k, v, o, gate, up, down, the head and the input embedding
     assert not torch.equal(got, expected)  # the weights really changed
     # Random Gaussian weights are the worst case for 4 bits (trained ones, and Q4_1 ones, fare better).
     tolerance = {"int8": 0.02, "int4": 0.1}[method]
     assert (got - expected).abs().max() <= tolerance * expected.abs().max()
 
 
-def test_int4_on_cpu_packs_the_layers_and_keeps_the_head_in_int8():
+def test_int4_on_cpu_packs_the_layers_keeps_the_head_in_int8_and_the_embedding_in_int8_blocks():
     model = fresh_tiny(torch.bfloat16)
+    table = model.get_input_embeddings().weight.detach().clone()
     quantize_model(model, plan_quantization("int4", "cpu", "bfloat16", CPU_ONLY))
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, Int4Linear)
     assert isinstance(layer.mlp.down_proj, Int4Linear)
     assert isinstance(model.get_output_embeddings(), Int8Linear)
-    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, BlockInt8Embedding) and embedding.weight.dtype == torch.int8
+    rows = embedding(IDS)
+    assert rows.dtype == torch.bfloat16
+    # Within half a step of each block of 32 (its largest magnitude over 127), and the bfloat16 rounding after.
+    blocks = table[IDS].float().reshape(1, 8, 2, 32)
+    step = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    assert ((rows.float().reshape(1, 8, 2, 32) - blocks).abs() <= step / 2 + blocks.abs() / 128).all()
 
 
 def test_int8_on_cpu_replaces_every_linear_layer():

@@ -2,8 +2,8 @@
 
 `start_server(...)` builds the server `run_server` builds (pool, worker, Starlette app) around
 a model given in memory, runs uvicorn in a thread, waits for /health, and stops it all (the
-worker parks every live conversation) when the test ends. Clients talk to 127.0.0.1 only,
-through an httpx client that ignores any proxy in the environment.
+worker parks every live conversation) when the test ends, or at `server.stop()`. Clients talk to
+127.0.0.1 only (openai's, anthropic's and an httpx client), ignoring any proxy in the environment.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2 as httpx
 import openai
 import pytest
@@ -28,9 +29,9 @@ from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.generation.driver import Driver
 from streamchat.generation.settings import GenerationSettings
+from streamchat.serve.apis.request import Limits
 from streamchat.serve.connections import server_config
 from streamchat.serve.http import HttpOptions, create_app
-from streamchat.serve.openai_api import Limits
 from streamchat.serve.pool import ConversationPool, Served
 from streamchat.serve.worker import Worker
 from streamchat.storage.cache_file import StateKey
@@ -54,6 +55,8 @@ class RunningServer:
     sessions: Path
     client: openai.OpenAI
     http: httpx.Client
+    anthropic: anthropic.Anthropic
+    stop: Callable[[], None]  # the server stopped, its conversations parked (again at the test's end: nothing)
 
     def post(self, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
         return self.http.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
@@ -163,7 +166,16 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             http_client=httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS),
         )
 
+        claude = anthropic.Anthropic(
+            base_url=url,
+            api_key=api_key or "none",
+            max_retries=0,
+            http_client=httpx.Client(trust_env=False, timeout=HANG_GUARD_SECONDS),
+        )
+
         def stop() -> None:
+            if server.should_exit:
+                return
             server.should_exit = True
             worker.stop_all()
             thread.join(HANG_GUARD_SECONDS)
@@ -172,7 +184,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             http.close()
 
         stops.append(stop)
-        return RunningServer(url, pool, worker, sessions, client, http)
+        return RunningServer(url, pool, worker, sessions, client, http, claude, stop)
 
     yield start
     for stop in reversed(stops):

@@ -6,11 +6,12 @@ import json
 import math
 import socket
 
+import jsonschema
 import openai
 import pytest
 
 from streamchat.conversation.state import RecalledNote
-from streamchat.serve.openai_api import Limits
+from streamchat.serve.apis.request import Limits
 from streamchat.storage.session_file import read_session
 from tests.serve.conftest import HELLO_BODY, REPLY, raw_request, wait_idle, wait_until
 from tests.support.model_dirs import HOSTILE_REPLY_PIECES, scripted_model_and_tokenizer
@@ -76,7 +77,24 @@ BAD_REQUESTS = [
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
     ({"messages": HELLO, "top_logprobs": 3}, "top_logprobs"),
-    ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": HELLO, "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format"),
+    ({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": []}}, "response_format.json_schema"),
+    (
+        {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}},
+        "response_format.json_schema.name",
+    ),
+    (
+        {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {
+            "messages": HELLO,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}},
+        },
+        "response_format.json_schema.schema",
+    ),
     ({"messages": HELLO, "temperature": -1}, "temperature"),
     ({"messages": HELLO, "top_p": 0}, "top_p"),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
@@ -356,3 +374,35 @@ def test_logprobs_come_with_each_token_whole_and_streamed_and_agree(start_server
     assert [(t.token, t.logprob) for t in said] == [(t.token, t.logprob) for t in tokens]
     plain = server.client.chat.completions.create(model="tiny", messages=HELLO, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == REPLY
+
+
+CHOICE = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "pick": {"enum": ["left", "right"]},
+        "note": {"type": "string", "maxLength": 8},
+    },
+    "required": ["ok", "pick"],
+    "additionalProperties": False,
+}
+
+
+def test_a_schema_holds_the_reply_whole_and_streamed_and_only_that_request(start_server, endless) -> None:
+    server = start_server(endless, reply_tokens_limit=None)
+    schema = {"type": "json_schema", "json_schema": {"name": "choice", "schema": CHOICE, "strict": True}}
+    asked = {"model": "tiny", "messages": HELLO, "response_format": schema, "max_tokens": 60}
+    for seed in range(3):
+        whole = server.client.chat.completions.create(**asked, seed=seed, temperature=1.0)
+        jsonschema.validate(json.loads(whole.choices[0].message.content), CHOICE)
+        assert whole.choices[0].finish_reason == "stop"
+    streamed = server.client.chat.completions.create(**asked, temperature=0, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+    jsonschema.validate(json.loads(text), CHOICE)
+    any_object = server.client.chat.completions.create(
+        model="tiny", messages=HELLO, response_format={"type": "json_object"}, max_tokens=60, temperature=0
+    )
+    assert any_object.choices[0].message.content.startswith("{")
+    # The next request without one is free text again: this random model never stops by itself.
+    free = server.client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=8, temperature=0)
+    assert free.choices[0].finish_reason == "length" and not free.choices[0].message.content.startswith("{")

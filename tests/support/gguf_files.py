@@ -65,12 +65,14 @@ def write_tiny_gguf(
     architecture: str = "llama",
     matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q4_1,
     hidden_size: int = HIDDEN_SIZE,
+    embedding_type: gguf.GGMLQuantizationType | None = None,
 ) -> Path:
     """Write a two-layer model with a 263-token vocabulary to `path`; return `path`.
 
     The tensors follow llama's layout whatever `architecture` says: another architecture
     only serves tests that refuse the file from its metadata, before any tensor is read.
-    Its matrices are in `matrix_type` (the K-quants need a `hidden_size` of 256 or more).
+    Its matrices are in `matrix_type` (the K-quants need a `hidden_size` of 256 or more), its token embedding in
+    `embedding_type` (None: `matrix_type`).
     """
     intermediate_size = INTERMEDIATE_SIZE * hidden_size // HIDDEN_SIZE
     tokens = _vocabulary()
@@ -121,7 +123,8 @@ def write_tiny_gguf(
         else:
             # Matrices in Q4_1 by default, the default model's quantization.
             values = (0.2 * rng.standard_normal(shape)).astype(np.float32)
-            writer.add_tensor(tensor_name, quantized(values, matrix_type, rng), raw_dtype=matrix_type)
+            kind = embedding_type if tensor_name == "token_embd.weight" and embedding_type else matrix_type
+            writer.add_tensor(tensor_name, quantized(values, kind, rng), raw_dtype=kind)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

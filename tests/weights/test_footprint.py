@@ -29,29 +29,30 @@ LINEAR_WEIGHTS = 2 * (64 * 64 + 32 * 64 + 32 * 64 + 64 * 64 + 128 * 64 + 128 * 6
 LINEAR_ROWS = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64)  # one int8 scale each
 TABLE = 256 * 64  # the input embedding, and the output head as large
 NORMS = 2 * 2 * 64 + 64  # two per layer and the final one
+EMBEDDING = TABLE + TABLE // 32 * 2  # a quantized model's input embedding: int8, a float16 scale per 32
 
 # bfloat16: half a byte a weight and two float16 params per group of 32 of a row in int4; the head in int8,
-# with a float32 scale and an int32 sum per row; the input embedding and the norms in bfloat16.
-INT4_BF16 = LINEAR_WEIGHTS // 2 + LINEAR_WEIGHTS // 32 * 4 + (TABLE + 256 * 8) + (TABLE + NORMS) * 2
-INT8_BF16 = LINEAR_WEIGHTS + LINEAR_ROWS * 2 + (TABLE + 256 * 8) + (TABLE + NORMS) * 2
+# with a float32 scale and an int32 sum per row; the input embedding in int8 blocks; the norms in bfloat16.
+INT4_BF16 = LINEAR_WEIGHTS // 2 + LINEAR_WEIGHTS // 32 * 4 + (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
+INT8_BF16 = LINEAR_WEIGHTS + LINEAR_ROWS * 2 + (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
 
 
 def test_the_figures_are_counted_by_hand():
-    assert (LINEAR_WEIGHTS, LINEAR_ROWS, INT4_BF16, INT8_BF16) == (73_728, 1024, 97_920, 127_616)
+    assert (LINEAR_WEIGHTS, LINEAR_ROWS, INT4_BF16, INT8_BF16) == (73_728, 1024, 82_560, 112_256)
 
 
 @pytest.mark.parametrize(
     ("tied", "dtype", "quantization", "expected"),
     [
         (False, "bfloat16", "int4", INT4_BF16),
-        (True, "bfloat16", "int4", INT4_BF16),  # quantizing unties the head: an int8 copy beside the float table
+        (True, "bfloat16", "int4", INT4_BF16),  # quantizing unties the head: an int8 copy beside the embedding
         (False, "bfloat16", "int8", INT8_BF16),
         (True, "bfloat16", "int8", INT8_BF16),
         (False, "bfloat16", "none", (LINEAR_WEIGHTS + 2 * TABLE + NORMS) * 2),
         (True, "bfloat16", "none", (LINEAR_WEIGHTS + TABLE + NORMS) * 2),  # one table for both ends
         (False, "float32", "none", (LINEAR_WEIGHTS + 2 * TABLE + NORMS) * 4),
-        # float32 int4: the packed layers are the same, the table and the norms twice as large.
-        (False, "float32", "int4", INT4_BF16 + (TABLE + NORMS) * 2),
+        # float32 int4: the packed layers and the embedding are the same, the norms twice as large.
+        (False, "float32", "int4", INT4_BF16 + NORMS * 2),
         (False, "float16", "int8", INT8_BF16),
     ],
 )
@@ -61,7 +62,7 @@ def test_the_weights_of_a_tiny_llama(tied: bool, dtype: str, quantization: str, 
 
 def test_atens_int4_layers_keep_their_pairs_in_dtype_and_its_head_its_scales():
     # Int4Linear: a (step, zero) pair in the model's dtype per group of a row; Int8Head: a scale in dtype per row.
-    float32 = LINEAR_WEIGHTS // 2 + LINEAR_WEIGHTS // 32 * 8 + (TABLE + 256 * 4) + (TABLE + NORMS) * 4
+    float32 = LINEAR_WEIGHTS // 2 + LINEAR_WEIGHTS // 32 * 8 + (TABLE + 256 * 4) + EMBEDDING + NORMS * 4
     assert weight_bytes(tiny_config("llama"), "float32", "int4", native=False) == float32
     bfloat16 = INT4_BF16 - 256 * 8 + 256 * 2
     assert weight_bytes(tiny_config("llama"), "bfloat16", "int4", native=False) == bfloat16
@@ -78,7 +79,7 @@ def test_a_layer_the_kernels_cannot_take_stays_in_its_dtype():
     config = tiny_config("llama", intermediate_size=120)
     down = 64 * 120
     linears = 2 * (128 * 64 + 64 * 64 + 240 * 64)
-    head_and_rest = (TABLE + 256 * 8) + (TABLE + NORMS) * 2
+    head_and_rest = (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
     assert weight_bytes(config, "bfloat16", "int4") == linears * 5 // 8 + 2 * down * 2 + head_and_rest
 
 

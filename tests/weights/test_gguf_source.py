@@ -33,7 +33,7 @@ def test_q4_blocks_come_as_their_grid_value_for_value(tmp_path: Path, matrix_typ
     grid = source.read("model.layers.0.mlp.down_proj.weight")
 
     assert isinstance(grid, Int4Grid)
-    assert (grid.levels.dtype, grid.step.dtype, grid.minimum.dtype) == (torch.uint8, torch.float16, torch.float16)
+    assert (grid.levels.dtype, grid.scale.dtype, grid.minimum.dtype) == (torch.uint8, torch.float16, torch.float16)
     assert int(grid.levels.max()) <= 15
     assert np.array_equal(grid.dense(torch.float32).numpy(), file_values(path, "blk.0.ffn_down.weight"))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamchat.serve.openai_api import ApiError, Limits, chat_request, finish_reason
+from streamchat.serve.apis.openai_chat import chat_request, finish_reason
+from streamchat.serve.apis.request import ApiError, Limits
 
 
 def test_a_request_is_its_system_prompt_history_new_message_and_settings() -> None:
