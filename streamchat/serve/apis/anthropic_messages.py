@@ -8,7 +8,10 @@
 Read: `model`, `max_tokens` (required, as Anthropic's), `system` (a string or text blocks),
 `messages` (user and assistant alternating, from the user's, each a string or text blocks),
 `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream`; `metadata` is accepted and
-unused. Anything else (images, tools, thinking, ...) is refused with a 400 that names it.
+unused. `tools` and `tool_choice`, tool_use blocks in a reply and tool_result blocks in the
+user message after it are read by streamchat.serve.apis.anthropic_tools; a reply's calls are its
+tool_use blocks, `stop_reason: "tool_use"`. Anything else (images, thinking, ...) is refused
+with a 400 that names it.
 
 Anthropic counts input apart from the cache: `input_tokens` are those read for this request,
 `cache_read_input_tokens` those the conversation's cache already held (the chat API's
@@ -22,8 +25,18 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from streamchat.conversation.message import Message, Role
+from streamchat.conversation.message import Message, Role, ToolCall, ToolResult
 from streamchat.generation.events import TextDelta
+from streamchat.serve.apis.anthropic_tools import (
+    results_turn,
+    tool_choice_field,
+    tool_result_block,
+    tool_use_block,
+    tool_use_blocks,
+    tool_use_events,
+    tools_field,
+)
+from streamchat.serve.apis.openai_tools import HeldText
 from streamchat.serve.apis.request import (
     ApiError,
     ChatRequest,
@@ -38,20 +51,26 @@ from streamchat.serve.replying import RunningTurn, server_sent_event
 from streamchat.serve.turn import Finished
 
 ACCEPTED_FIELDS = frozenset(
-    {"model", "max_tokens", "system", "messages", "stop_sequences", "temperature", "top_p", "top_k", "stream"}
+    {
+        "model",
+        "max_tokens",
+        "system",
+        "messages",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "tools",
+        "tool_choice",
+    }
 )
 # Accepted and unused: `metadata` says who asks; `cache_control` asks Anthropic to cache the prompt, which a
 # streamchat conversation's cache holds anyway.
 IGNORED_FIELDS = frozenset({"metadata", "cache_control"})
-# What changes nothing, as clients may send it by default. Tool use is not built yet: `tools` and `tool_choice` with
-# tools in them, and tool_use / tool_result blocks (TOOL_BLOCKS), are refused by name. They are the seam for it: once
-# ChatRequest carries tools and tool calls (the chat API's, next), this module reads them into it.
-NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ({"type": "none"}, {"type": "auto"}),
-    "thinking": ({"type": "disabled"},),
-}
-TOOL_BLOCKS = frozenset({"tool_use", "tool_result", "server_tool_use"})
+# What changes nothing, as clients may send it by default.
+NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {"thinking": ({"type": "disabled"},)}
+TOOL_BLOCKS = frozenset({"tool_use", "tool_result"})
 # A text block's keys: cache_control asks Anthropic to cache up to there, which streamchat's conversations do anyway.
 TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control", "citations"})
 # The chat API's settings (streamchat.serve.apis.openai_chat) as this API names them.
@@ -89,10 +108,23 @@ def messages_request(body: object, limits: Limits) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
+    tools = tools_field(body.get("tools"))
+    tool_choice, parallel = tool_choice_field(body.get("tool_choice"), tools)
     system = _system(body.get("system"), limits)
-    history, text = _messages(body.get("messages"), limits)
+    history, prompt = _messages(body.get("messages"), limits)
     settings = renamed_settings(body, SETTING_NAMES)
-    return ChatRequest(model, system, history, text, boolean_field(body, "stream"), settings=settings)
+    return ChatRequest(
+        model,
+        system,
+        history,
+        prompt["content"] if prompt["role"] == "user" else "",
+        boolean_field(body, "stream"),
+        settings=settings,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        tool_results=prompt.get("tool_results"),
+    )
 
 
 def _system(value: object, limits: Limits) -> str | None:
@@ -105,8 +137,8 @@ def _system(value: object, limits: Limits) -> str | None:
     return checked_text(value, "system", limits)
 
 
-def _messages(value: object, limits: Limits) -> tuple[list[Message], str]:
-    """The history before the new user message, and that message's text."""
+def _messages(value: object, limits: Limits) -> tuple[list[Message], Message]:
+    """The history before the new input, and that input: the user's message, or the tool results it holds."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if len(value) > limits.messages:
@@ -127,28 +159,55 @@ def _messages(value: object, limits: Limits) -> tuple[list[Message], str]:
                 "user and assistant messages alternate, starting with the user",
                 param=f"{where}.role",
             )
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(_text_blocks(content, f"{where}.content"))  # a message's parts, as the chat API's
-        turns.append({"role": expected, "content": checked_text(content, f"{where}.content", limits)})
-    if turns[-1]["role"] != "user":
+        calls = turns[-1].get("tool_calls", []) if turns else []
+        turns.append(_message(expected, message.get("content"), f"{where}.content", calls, limits))
+    if turns[-1]["role"] == "assistant":
         raise ApiError(
             400, "'messages' must end with the user's: streamchat does not go on with a reply begun", param="messages"
         )
-    return turns[:-1], turns[-1]["content"]
+    return turns[:-1], turns[-1]
 
 
-def _text_blocks(blocks: list[Any], where: str) -> list[str]:
-    """The text of each block in `blocks`; only text blocks are read."""
-    texts = []
+def _message(role: Role, content: object, where: str, calls: list[ToolCall], limits: Limits) -> Message:
+    """One message: its text (a string, or text blocks joined, as the chat API's parts); a reply's tool_use blocks
+    its calls; a user message after calls, their results (tool_result blocks, and nothing else)."""
+    blocks = content if isinstance(content, list) else None
+    if blocks is None or not any(isinstance(b, dict) and b.get("type") in TOOL_BLOCKS for b in blocks):
+        if calls:
+            raise ApiError(400, f"{where}: the tool_use blocks before it need their tool_result blocks", param=where)
+        text = "".join(_text_blocks(blocks, where)) if blocks is not None else content
+        return {"role": role, "content": checked_text(text, where, limits)}
+    texts: list[str] = []
+    made: list[ToolCall] = []
+    results: list[ToolResult] = []
     for index, block in enumerate(blocks):
         at = f"{where}[{index}]"
         kind = block.get("type") if isinstance(block, dict) else None
+        if role == "assistant" and kind == "tool_use":
+            made.append(tool_use_block(block, at, limits))
+        elif role == "user" and kind == "tool_result":
+            results.append(tool_result_block(block, at, calls, results, limits))
+        elif role == "user" and kind is not None:
+            raise ApiError(400, f"{at}: a message of tool_result blocks may hold nothing else", param=at)
+        else:
+            texts += _text_blocks([block], at, numbered=False)
+    if role == "user":
+        return results_turn(results, calls, where)
+    return {"role": role, "content": checked_text("".join(texts), where, limits), "tool_calls": made}
+
+
+def _text_blocks(blocks: list[Any], where: str, numbered: bool = True) -> list[str]:
+    """The text of each block in `blocks`; only text blocks are read (numbered: `where` names the list, not the
+    block)."""
+    texts = []
+    for index, block in enumerate(blocks):
+        at = f"{where}[{index}]" if numbered else where
+        kind = block.get("type") if isinstance(block, dict) else None
         if kind in TOOL_BLOCKS:
-            raise ApiError(400, f"{at}.type is {kind!r}: tool use is not supported by streamchat", param=f"{at}.type")
+            raise ApiError(400, f"{at}.type is {kind!r}, which this message may not hold", param=f"{at}.type")
         if kind != "text":
             said = f"a {kind!r} block" if isinstance(kind, str) else "that"
-            raise ApiError(400, f"{at}: streamchat reads only text blocks, not {said}", param=at)
+            raise ApiError(400, f"{at}: streamchat reads only text and tool blocks, not {said}", param=at)
         texts.append(part_text(block, at, TEXT_BLOCK_KEYS))
     return texts
 
@@ -161,7 +220,18 @@ def new_message_id() -> str:
 
 
 def stop_reason(finished: Finished) -> str:
+    """Why the reply ended; "tool_use" for one that ended on its calls."""
+    if finished.tool_calls and finished.stop_reason in ("eos", "stop_string"):
+        return "tool_use"
     return STOP_REASONS.get(finished.stop_reason, finished.stop_reason)
+
+
+def content(finished: Finished) -> list[dict[str, Any]]:
+    """The reply's content blocks: its text (with calls, the text outside them, where there is any), its calls."""
+    if not finished.tool_calls or finished.content is None:
+        return [{"type": "text", "text": finished.reply}]
+    text = [{"type": "text", "text": finished.content}] if finished.content else []
+    return [*text, *tool_use_blocks(list(finished.tool_calls))]
 
 
 def usage(finished: Finished) -> dict[str, int]:
@@ -179,7 +249,7 @@ def message(message_id: str, model: str, finished: Finished) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": finished.reply}],
+        "content": content(finished),
         "stop_reason": stop_reason(finished),
         "stop_sequence": finished.stop_string,
         "usage": usage(finished),
@@ -187,8 +257,10 @@ def message(message_id: str, model: str, finished: Finished) -> dict[str, Any]:
 
 
 async def stream(running: RunningTurn, message_id: str, model: str) -> AsyncIterator[str]:
-    """The reply as Anthropic streams it: message_start, one text block's start, deltas and stop, message_delta
-    (why it ended, the usage: the input is counted only once read), message_stop; a failure is an `error` event."""
+    """The reply as Anthropic streams it: message_start, a text block's start, deltas and stop, each call's tool_use
+    block, message_delta (why it ended, the usage: the input is counted only once read), message_stop; a failure is
+    an `error` event. Where calls may be read from the reply, text that may begin one is held back (HeldText), and
+    the text block starts with the first text sent (or at the end, for a reply of no calls)."""
     started: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -200,16 +272,33 @@ async def stream(running: RunningTurn, message_id: str, model: str) -> AsyncIter
         "usage": {"input_tokens": 0, "output_tokens": 0},
     }
     yield _event({"type": "message_start", "message": started})
-    yield _event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    held = HeldText(running.started.tool_family)
+    opened = held.family is None  # the text block: started at once where the reply is all text
+    text_start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    if opened:
+        yield _event(text_start)
     yield _event({"type": "ping"})
     try:
         async with aclosing(running.items()) as items:
             async for item in items:
-                if isinstance(item, TextDelta):
-                    delta = {"type": "text_delta", "text": item.text}
+                if isinstance(item, TextDelta) and (text := held.add(item.text)):
+                    if not opened:
+                        opened = True
+                        yield _event(text_start)
+                    delta = {"type": "text_delta", "text": text}
                     yield _event({"type": "content_block_delta", "index": 0, "delta": delta})
                 elif isinstance(item, Finished):
-                    yield _event({"type": "content_block_stop", "index": 0})
+                    rest = held.rest(item.content)
+                    if not opened and (rest or not item.tool_calls):
+                        opened = True
+                        yield _event(text_start)
+                    if rest:
+                        delta = {"type": "text_delta", "text": rest}
+                        yield _event({"type": "content_block_delta", "index": 0, "delta": delta})
+                    if opened:
+                        yield _event({"type": "content_block_stop", "index": 0})
+                    for event in tool_use_events(list(item.tool_calls), 1 if opened else 0):
+                        yield _event(event)
                     ended = {"stop_reason": stop_reason(item), "stop_sequence": item.stop_string}
                     yield _event({"type": "message_delta", "delta": ended, "usage": usage(item)})
                     yield _event({"type": "message_stop"})

@@ -56,7 +56,7 @@ def test_a_request_is_its_system_history_new_message_and_settings() -> None:
         ({"messages": HELLO}, "'max_tokens' is required"),
         ({"messages": HELLO, "max_tokens": 4, "stop_sequences": ["a", 3]}, "'stop_sequences' must be"),
         ({"messages": HELLO, "max_tokens": True}, "'max_tokens' must be a whole number"),
-        ({"messages": HELLO, "max_tokens": 4, "tools": [{"name": "f"}]}, "'tools' is not supported"),
+        ({"messages": HELLO, "max_tokens": 4, "tools": [{"name": "f"}]}, r"tools\[0\]\.input_schema must be"),
         ({"messages": HELLO, "max_tokens": 4, "top_logprobs": 2}, "'top_logprobs' is not supported"),
     ],
 )
@@ -102,3 +102,43 @@ def test_errors_take_anthropics_type_by_status() -> None:
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "busy"},
     }
+
+
+def test_tools_and_tool_blocks_are_read_into_the_chat_apis_shape_their_ids_as_the_turn_files_them() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    use = {"type": "tool_use", "id": "toolu_ab12", "name": "get_weather", "input": {"city": "Paris"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_ab12", "content": [{"type": "text", "text": "Sunny"}]}
+    body = {
+        "max_tokens": 64,
+        "tools": [{"name": "get_weather", "description": "The weather.", "input_schema": schema}],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+        "messages": [
+            *HELLO,
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, use]},
+            {"role": "user", "content": [result]},
+        ],
+    }
+    chat = messages_request(body, Limits())
+    assert chat.tools == [
+        {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": schema}}
+    ]
+    assert (chat.tool_choice, chat.parallel_tool_calls, chat.text) == ("required", False, "")
+    call = {
+        "id": "call_ab12",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    assert chat.history[1] == {"role": "assistant", "content": "Let me look.", "tool_calls": [call]}
+    assert chat.tool_results == [{"tool_call_id": "call_ab12", "content": "Sunny"}]
+
+
+def test_a_reply_with_calls_is_its_text_then_tool_use_blocks() -> None:
+    call = {"id": "call_ab12", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    done = finished("eos", 'Looking.<tool_call>{"name": ...}</tool_call>')
+    done = Finished(**{**done.__dict__, "tool_calls": (call,), "content": "Looking."})
+    said = message("msg_1", "tiny", done)
+    assert said["stop_reason"] == "tool_use"
+    assert said["content"] == [
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "toolu_ab12", "name": "get_weather", "input": {"city": "Oslo"}},
+    ]

@@ -145,7 +145,7 @@ BAD_REQUESTS = [
     ),
     (
         {**HELLO_BODY, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]},
-        "messages[0].content[0].type",
+        "messages[0].content[0].tool_use_id",
     ),
     (
         {**HELLO_BODY, "messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
