@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from streamchat.conversation.message import Message, ToolCall, ToolResult, tool_results_message
-from streamchat.serve.apis.openai_tools import FUNCTION_NAME, MAX_TOOLS
+from streamchat.serve.apis.openai_tools import FUNCTION_NAME, MAX_TOOLS, tool_name
 from streamchat.serve.apis.request import ApiError, Limits, checked_text, part_text
 
 CHOICE_TYPES = ("auto", "any", "tool", "none")
@@ -69,11 +69,7 @@ def tools_field(value: object) -> list[dict[str, Any]] | None:
             raise ApiError(
                 400, f"{where}.type is {tool['type']!r}: streamchat runs no server tools", param=f"{where}.type"
             )
-        name = tool.get("name")
-        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
-            raise ApiError(400, f"{where}.name must be 1 to 64 letters, digits, '_' or '-'", param=f"{where}.name")
-        if any(spec["function"]["name"] == name for spec in specs):
-            raise ApiError(400, f"{where}.name {name!r} names another tool too", param=f"{where}.name")
+        name = tool_name(tool.get("name"), where, {spec["function"]["name"] for spec in specs})
         if not isinstance(tool.get("description", ""), str):
             raise ApiError(400, f"{where}.description must be a string", param=f"{where}.description")
         if not isinstance(tool.get("input_schema"), dict):

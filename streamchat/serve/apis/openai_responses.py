@@ -11,11 +11,17 @@ before them, each content a string or input_text / output_text parts), `instruct
 `max_output_tokens`, `temperature`, `top_p`, `stream` and `previous_response_id`; `store`,
 `metadata` and `user` are accepted and unused (every conversation is journaled anyway).
 `text.format` holds the reply to a JSON schema (`json_schema`, or `json_object`), as the chat
-API's response_format does. Tools, `reasoning` or any other field get a 400 that names it.
+API's response_format does. `tools`, `tool_choice`, `parallel_tool_calls` and the input's
+function_call and function_call_output items are read by streamchat.serve.apis.responses_tools:
+consecutive function_call items (after an assistant message or not) are one reply's calls, the
+function_call_output items after them its results, and, last, the new input. A reply's calls are
+function_call output items, after a message item where it has text outside them. `reasoning` or
+any other field gets a 400 that names it.
 
 Stateless as the chat API is: a client sends the whole conversation, or names the response
 it goes on from (response_ids says how ids need no state). `instructions` are the system
-prompt; left out with `previous_response_id`, the conversation's own go on.
+prompt; left out with `previous_response_id`, the conversation's own go on. Going on from a
+response whose reply called functions, the input is their function_call_output items alone.
 """
 
 from __future__ import annotations
@@ -27,48 +33,59 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamchat.conversation.message import Message, Role
+from streamchat.conversation.message import Message
 from streamchat.generation.constraint import JsonFormat
 from streamchat.generation.events import TextDelta
 from streamchat.generation.settings import GenerationChanges
+from streamchat.serve.apis.openai_tools import HeldText
 from streamchat.serve.apis.request import (
+    TEXT_FORMAT,
     ApiError,
     ChatRequest,
     Limits,
     boolean_field,
     checked_text,
-    json_format,
+    held_format,
     part_text,
     refuse_unknown,
     renamed_settings,
+    text_format_field,
+)
+from streamchat.serve.apis.responses_tools import (
+    InputTurns,
+    answered,
+    echoed_tools,
+    function_call_events,
+    function_call_item,
+    function_call_items,
+    function_call_output_item,
+    tool_choice_field,
+    tools_field,
 )
 from streamchat.serve.replying import RunningTurn, server_sent_event
 from streamchat.serve.turn import Finished
 
 ACCEPTED_FIELDS = frozenset(
-    {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id"}
+    {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "previous_response_id",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
 )
 # Labels a client may attach, accepted and unused; `store` asks OpenAI to keep the response (streamchat journals all).
 IGNORED_FIELDS = frozenset({"store", "metadata", "user"})
-# What changes nothing, as clients may send it by default. Tool calls are not built yet: tools, and function_call
-# items in the input (TOOL_ITEMS), are refused by name; they are the seam where this module reads them into the
-# ChatRequest once it carries them (the chat API's, next).
-NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
-    "parallel_tool_calls": (True, False),
-}
-TOOL_ITEMS = frozenset({"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"})
+TOOL_ITEMS = frozenset({"function_call", "function_call_output"})
 ITEM_KEYS = frozenset({"type", "role", "content", "id", "status"})  # an output item fed back carries an id, a status
 PART_TYPES = frozenset({"input_text", "output_text"})
 PART_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
-TEXT_FORMAT = {"type": "text"}
-# What each kind of text.format may carry: a JSON schema's name, schema, description and strict.
-FORMAT_KEYS = {
-    "text": frozenset({"type"}),
-    "json_object": frozenset({"type"}),
-    "json_schema": frozenset({"type", "name", "schema", "description", "strict"}),
-}
 # The chat API's settings (streamchat.serve.apis.openai_chat) as this API names them.
 SETTING_NAMES = {"max_tokens": "max_output_tokens", "temperature": "temperature", "top_p": "top_p"}
 # Why a reply ended, where it is not whole: OpenAI's incomplete_details.reason. OpenAI has no word for a reply the
@@ -91,6 +108,12 @@ class ResponsesRequest:
     echoed: dict[str, Any] = field(default_factory=dict)  # ECHOED_FIELDS and metadata, as sent
     json_format: JsonFormat | None = None  # text.format's JSON schema, where it asks for one
     text_format: dict[str, Any] = field(default_factory=lambda: dict(TEXT_FORMAT))  # text.format, as sent
+    tools: list[dict[str, Any]] | None = None  # the chat API's function specs
+    tool_choice: str = "none"
+    parallel_tool_calls: bool = True
+    # Where the input begins with function_call_output items (going on from a response): where each was sent. They
+    # answer the previous response's calls, checked once its conversation is read.
+    leading: tuple[str, ...] = ()
 
     def chat_request(self, earlier: tuple[str | None, list[Message]] | None = None) -> ChatRequest:
         """The Turn's request: `earlier` (the system prompt and messages through the previous response) before the
@@ -100,15 +123,29 @@ class ResponsesRequest:
         if earlier is not None:
             history = list(earlier[1])
             system = earlier[0] if system is None else system
+        calls = history[-1].get("tool_calls", []) if history else []
+        if self.leading:
+            answered(self.turns[0].get("tool_results", []), list(self.leading), calls, "input")
+        elif calls:
+            raise ApiError(
+                400,
+                f"the function_call {calls[0]['id']!r} of {self.previous!r} needs its function_call_output first",
+                param="input",
+            )
         said = [*history, *self.turns]
+        prompt = said[-1]
         return ChatRequest(
             self.model,
             system,
             said[:-1],
-            said[-1]["content"],
+            prompt["content"] if prompt["role"] == "user" else "",
             self.stream,
             settings=self.settings,
             json_format=self.json_format,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            tool_results=prompt.get("tool_results") if prompt["role"] == "tool" else None,
         )
 
 
@@ -116,18 +153,22 @@ def responses_request(body: object, limits: Limits) -> ResponsesRequest:
     """The request in `body` (parsed JSON); ApiError (400) names the first field that is wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    refuse_unknown(body, ACCEPTED_FIELDS | {"text"}, IGNORED_FIELDS, NEUTRAL_VALUES)
-    text_format = _text_format(body.get("text"))
+    refuse_unknown(body, ACCEPTED_FIELDS | {"text"}, IGNORED_FIELDS)
+    text_format = text_format_field(body.get("text"))
     for name in ("model", "instructions", "previous_response_id"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise ApiError(400, f"{name!r} must be a string", param=name)
-    system_parts, turns = _input(body.get("input"), limits)
+    tools = tools_field(body.get("tools"))
+    tool_choice = tool_choice_field(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls") is None or boolean_field(body, "parallel_tool_calls")
+    system_parts, turns, leading = _input(body.get("input"), limits, body.get("previous_response_id") is not None)
     instructions = body.get("instructions")
     if instructions is not None:
         system_parts.insert(0, checked_text(instructions, "instructions", limits))
     system = "\n\n".join(system_parts) if system_parts else None
     echoed = {name: body.get(name) for name in ECHOED_FIELDS}
     echoed["metadata"] = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    echoed.update(echoed_tools(tools, tool_choice, parallel))
     return ResponsesRequest(
         model=body.get("model"),
         system=system,
@@ -136,97 +177,60 @@ def responses_request(body: object, limits: Limits) -> ResponsesRequest:
         stream=boolean_field(body, "stream"),
         settings=renamed_settings(body, SETTING_NAMES),
         echoed=echoed,
-        json_format=_json_format(text_format),
+        json_format=held_format(text_format),
         text_format=text_format,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        leading=leading,
     )
 
 
-def _text_format(value: object) -> dict[str, Any]:
-    """`text.format` as sent (plain text where it says none); a verbosity is not implemented."""
-    if value is None:
-        return dict(TEXT_FORMAT)
-    if not isinstance(value, dict):
-        raise ApiError(400, "'text' must be an object", param="text")
-    extra = sorted(set(value) - {"format"})
-    if extra:
-        raise ApiError(400, f"'text.{extra[0]}' is not supported by streamchat", param=f"text.{extra[0]}")
-    text_format = value.get("format")
-    if text_format is None:
-        return dict(TEXT_FORMAT)
-    if not isinstance(text_format, dict) or text_format.get("type") not in FORMAT_KEYS:
-        raise ApiError(
-            400,
-            '\'text.format\' must be {"type": "text"}, {"type": "json_object"} or '
-            '{"type": "json_schema", "name": ..., "schema": {...}}',
-            param="text.format",
-        )
-    extra = sorted(set(text_format) - FORMAT_KEYS[text_format["type"]])
-    if extra:
-        raise ApiError(400, f"'text.format.{extra[0]}' is not supported by streamchat", param=f"text.format.{extra[0]}")
-    return text_format
-
-
-def _json_format(text_format: dict[str, Any]) -> JsonFormat | None:
-    """The JSON schema `text.format` holds the reply to; None for text."""
-    if text_format["type"] == "text":
-        return None
-    if text_format["type"] == "json_object":
-        return JsonFormat()
-    strict = text_format.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(400, "'text.format.strict' must be true or false", param="text.format.strict")
-    return json_format(text_format.get("name", ""), text_format.get("schema"), "text.format")
-
-
-def _input(value: object, limits: Limits) -> tuple[list[str], list[Message]]:
-    """The input's system and developer messages' text, and its user and assistant messages."""
+def _input(value: object, limits: Limits, going_on: bool) -> tuple[list[str], list[Message], tuple[str, ...]]:
+    """The input's system and developer messages' text, its conversation (user messages, replies with their calls,
+    tool results: a prompt turn and a reply alternating), and where its leading function_call_output items were
+    sent (`going_on` from a response, whose calls they answer)."""
     if isinstance(value, str):
-        return [], [{"role": "user", "content": checked_text(value, "input", limits)}]
+        return [], [{"role": "user", "content": checked_text(value, "input", limits)}], ()
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'input' must be a string or a non-empty list of messages", param="input")
     if len(value) > limits.messages:
         raise ApiError(400, f"at most {limits.messages} input items per request", param="input")
     system_parts: list[str] = []
-    turns: list[Message] = []
+    turns = InputTurns(going_on)
     for index, item in enumerate(value):
         where = f"input[{index}]"
-        role = _item_role(item, where)
-        content = _content(item.get("content"), f"{where}.content", limits)
-        if role in ("system", "developer"):
-            if turns:
+        kind = _item_kind(item, where)
+        if kind == "function_call":
+            turns.add_call(function_call_item(item, where, limits), where)
+        elif kind == "function_call_output":
+            turns.add_result(function_call_output_item(item, where, limits), where)
+        elif item["role"] in ("system", "developer"):
+            if turns.turns:
                 raise ApiError(
                     400,
-                    f"{where}.role is {role!r}: system and developer messages come before the conversation's",
+                    f"{where}.role is {item['role']!r}: system and developer messages come before the conversation's",
                     param=f"{where}.role",
                 )
-            system_parts.append(content)
-            continue
-        expected: Role = "user" if len(turns) % 2 == 0 else "assistant"
-        if role != expected:
-            raise ApiError(
-                400,
-                f"{where}.role is {role!r}, expected {expected!r}: user and assistant messages alternate, "
-                "starting with the user",
-                param=f"{where}.role",
-            )
-        turns.append({"role": expected, "content": content})
-    if not turns or turns[-1]["role"] != "user":
-        raise ApiError(400, "the last input message must be the user's", param="input")
-    return system_parts, turns
+            system_parts.append(_content(item.get("content"), f"{where}.content", limits))
+        else:
+            turns.add_message(item["role"], _content(item.get("content"), f"{where}.content", limits), where)
+    said, leading = turns.checked()
+    return system_parts, said, leading
 
 
-def _item_role(item: object, where: str) -> str:
-    """The role of the message item `item`; ApiError for an item that is no message, or carries what streamchat
-    does not read."""
+def _item_kind(item: object, where: str) -> str:
+    """What the input item `item` is: a message (of a role streamchat reads), a function_call or its output;
+    ApiError for any other, or a message that carries what streamchat does not read."""
     if not isinstance(item, dict):
         raise ApiError(400, f"{where} must be a message: an object with a role and content", param=where)
     kind = item.get("type", "message")
     if kind in TOOL_ITEMS:
-        raise ApiError(
-            400, f"{where}.type is {kind!r}: tool calls are not supported by streamchat", param=f"{where}.type"
-        )
+        return str(kind)
     if kind != "message":
-        raise ApiError(400, f"{where}.type is {kind!r}: streamchat reads only message items", param=f"{where}.type")
+        raise ApiError(
+            400, f"{where}.type is {kind!r}: streamchat reads only message and function items", param=f"{where}.type"
+        )
     extra = sorted(set(item) - ITEM_KEYS)
     if extra:
         raise ApiError(400, f"{where}.{extra[0]} is not supported by streamchat", param=f"{where}.{extra[0]}")
@@ -235,7 +239,7 @@ def _item_role(item: object, where: str) -> str:
         raise ApiError(
             400, f"{where}.role must be user, assistant, system or developer, not {role!r}", param=f"{where}.role"
         )
-    return str(role)
+    return "message"
 
 
 def _content(value: object, where: str, limits: Limits) -> str:
@@ -272,7 +276,7 @@ def response(
         "error": None,
         "incomplete_details": {"reason": reason} if reason else None,
         "model": model,
-        "output": [] if finished is None else [output_message(message_id, finished)],
+        "output": [] if finished is None else output_items(message_id, finished),
         "parallel_tool_calls": False,
         "tool_choice": "none",
         "tools": [],
@@ -284,9 +288,19 @@ def response(
     }
 
 
-def output_message(message_id: str, finished: Finished) -> dict[str, Any]:
+def output_items(message_id: str, finished: Finished) -> list[dict[str, Any]]:
+    """A reply's output: its message, and its calls (after the message, where it has text outside them)."""
+    if not finished.tool_calls or finished.content is None:
+        return [output_message(message_id, finished)]
+    text = [output_message(message_id, finished, finished.content)] if finished.content else []
+    return [*text, *function_call_items(list(finished.tool_calls))]
+
+
+def output_message(message_id: str, finished: Finished, text: str | None = None) -> dict[str, Any]:
+    """The reply's message item: `text`, or the reply whole."""
     status = "incomplete" if finished.stop_reason in INCOMPLETE_REASONS else "completed"
-    part = {"type": "output_text", "text": finished.reply, "annotations": [], "logprobs": []}
+    said = finished.reply if text is None else text
+    part = {"type": "output_text", "text": said, "annotations": [], "logprobs": []}
     return {"id": message_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
@@ -308,7 +322,8 @@ async def stream(
     running: RunningTurn, response_id: str, created_at: int, model: str, asked: ResponsesRequest
 ) -> AsyncIterator[str]:
     """The response as OpenAI streams it: created, in progress, the message and its text part added, the text's
-    deltas, then each done, and completed (or incomplete); a failure is an `error` event."""
+    deltas, each done, each call's item, then completed (or incomplete); a failure is an `error` event. Text that
+    may begin a call is held back (HeldText): the message is added with the first text sent."""
     numbers = itertools.count()
     message_id = new_message_id()
 
@@ -320,20 +335,42 @@ async def stream(
     yield event({"type": "response.created", "response": begun})
     yield event({"type": "response.in_progress", "response": begun})
     item = {"id": message_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
-    yield event({"type": "response.output_item.added", "output_index": 0, "item": item})
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    yield event({"type": "response.content_part.added", **at, "part": part})
+    opening = [{"type": "response.output_item.added", "output_index": 0, "item": item}]
+    opening.append({"type": "response.content_part.added", **at, "part": part})
+    held = HeldText(running.started.tool_family)
+    opened = held.family is None  # the message: added at once where the reply is all text
+    if opened:
+        for payload in opening:
+            yield event(payload)
     try:
         async with aclosing(running.items()) as items:
             async for said in items:
-                if isinstance(said, TextDelta):
-                    yield event({"type": "response.output_text.delta", **at, "delta": said.text, "logprobs": []})
+                if isinstance(said, TextDelta) and (text := held.add(said.text)):
+                    if not opened:
+                        opened = True
+                        for payload in opening:
+                            yield event(payload)
+                    yield event({"type": "response.output_text.delta", **at, "delta": text, "logprobs": []})
                 elif isinstance(said, Finished):
                     done = response(response_id, created_at, model, asked, said, message_id)
-                    message = done["output"][0]
-                    yield event({"type": "response.output_text.done", **at, "text": said.reply, "logprobs": []})
-                    yield event({"type": "response.content_part.done", **at, "part": message["content"][0]})
-                    yield event({"type": "response.output_item.done", "output_index": 0, "item": message})
+                    rest = held.rest(said.content)
+                    if not opened and (rest or not said.tool_calls):
+                        opened = True
+                        for payload in opening:
+                            yield event(payload)
+                    if rest:
+                        yield event({"type": "response.output_text.delta", **at, "delta": rest, "logprobs": []})
+                    if opened:
+                        if done["output"][0]["type"] != "message":  # only blanks were sent before the calls
+                            done["output"].insert(0, output_message(message_id, said, held.sent + rest))
+                        message = done["output"][0]
+                        text = message["content"][0]["text"]
+                        yield event({"type": "response.output_text.done", **at, "text": text, "logprobs": []})
+                        yield event({"type": "response.content_part.done", **at, "part": message["content"][0]})
+                        yield event({"type": "response.output_item.done", "output_index": 0, "item": message})
+                    for payload in function_call_events(list(said.tool_calls), 1 if opened else 0):
+                        yield event(payload)
                     ended = "response.completed" if done["status"] == "completed" else "response.incomplete"
                     yield event({"type": ended, "response": done})
     except ApiError as error:

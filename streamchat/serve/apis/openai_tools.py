@@ -14,6 +14,7 @@ other tools are another conversation (streamchat.serve.matching files them).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +44,7 @@ def tools_field(value: object) -> list[dict[str, Any]] | None:
         where += ".function"
         if not isinstance(function, dict) or set(function) - {"name", "description", "parameters", "strict"}:
             raise ApiError(400, f"{where} must be an object with a name (description, parameters, strict)", param=where)
-        name = function.get("name")
-        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
-            raise ApiError(400, f"{where}.name must be 1 to 64 letters, digits, '_' or '-'", param=f"{where}.name")
-        if name in names:
-            raise ApiError(400, f"{where}.name {name!r} names another tool too", param=f"{where}.name")
-        names.add(name)
+        names.add(tool_name(function.get("name"), where, names))
         if not isinstance(function.get("description", ""), str):
             raise ApiError(400, f"{where}.description must be a string", param=f"{where}.description")
         if not isinstance(function.get("parameters", {}), dict):
@@ -56,6 +52,15 @@ def tools_field(value: object) -> list[dict[str, Any]] | None:
         if not isinstance(function.get("strict", False), bool):
             raise ApiError(400, f"{where}.strict must be true or false", param=f"{where}.strict")
     return value
+
+
+def tool_name(name: object, where: str, taken: Collection[str]) -> str:
+    """A tool's name (`where`.name), checked: OpenAI's characters, and no earlier tool's (in `taken`)."""
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise ApiError(400, f"{where}.name must be 1 to 64 letters, digits, '_' or '-'", param=f"{where}.name")
+    if name in taken:
+        raise ApiError(400, f"{where}.name {name!r} names another tool too", param=f"{where}.name")
+    return name
 
 
 def tool_choice_field(value: object, tools: list[dict[str, Any]] | None) -> str:

@@ -7,6 +7,8 @@ parsed within bounds, and the checks every API's reader shares.
     settings = renamed_settings(body, {"max_tokens": "max_output_tokens", ...})   # by another API's
     text = checked_text(value, "input[0].content", limits)
     held = json_format(name, schema, "response_format.json_schema")   # the JSON schema a reply is held to
+    text_format = text_format_field(body.get("text"))       # the Responses API's text.format, as sent
+    held = held_format(text_format)                         # the JSON it asks for, None for text
 
 The body is parsed by `parse_body`: invalid UTF-8, NaN and Infinity, integers of more
 than MAX_INTEGER_DIGITS digits and nesting too deep for the parser are 400s, and lone
@@ -39,6 +41,15 @@ JSON_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # as OpenAI
 # No field takes a longer integer (a seed has at most 20 digits); Python's int() refuses past 4,300.
 MAX_INTEGER_DIGITS = 20
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# A reply's format as the Responses API's text.format says it, plain text where it says none.
+TEXT_FORMAT = {"type": "text"}
+# What each kind of text.format may carry: a JSON schema's name, schema, description and strict.
+FORMAT_KEYS = {
+    "text": frozenset({"type"}),
+    "json_object": frozenset({"type"}),
+    "json_schema": frozenset({"type", "name", "schema", "description", "strict"}),
+}
 
 
 class ApiError(Exception):
@@ -258,3 +269,41 @@ def json_format(name: object, schema: object, where: str) -> JsonFormat:
         return JsonFormat(schema, name)
     except ConfigError as error:
         raise ApiError(400, f"'{where}.schema': {error}", param=f"{where}.schema") from None
+
+
+def text_format_field(value: object) -> dict[str, Any]:
+    """The Responses API's `text.format` as sent (plain text where it says none); a verbosity is not
+    implemented."""
+    if value is None:
+        return dict(TEXT_FORMAT)
+    if not isinstance(value, dict):
+        raise ApiError(400, "'text' must be an object", param="text")
+    extra = sorted(set(value) - {"format"})
+    if extra:
+        raise ApiError(400, f"'text.{extra[0]}' is not supported by streamchat", param=f"text.{extra[0]}")
+    text_format = value.get("format")
+    if text_format is None:
+        return dict(TEXT_FORMAT)
+    if not isinstance(text_format, dict) or text_format.get("type") not in FORMAT_KEYS:
+        raise ApiError(
+            400,
+            '\'text.format\' must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "name": ..., "schema": {...}}',
+            param="text.format",
+        )
+    extra = sorted(set(text_format) - FORMAT_KEYS[text_format["type"]])
+    if extra:
+        raise ApiError(400, f"'text.format.{extra[0]}' is not supported by streamchat", param=f"text.format.{extra[0]}")
+    return text_format
+
+
+def held_format(text_format: dict[str, Any]) -> JsonFormat | None:
+    """The JSON schema `text.format` holds the reply to; None for text."""
+    if text_format["type"] == "text":
+        return None
+    if text_format["type"] == "json_object":
+        return JsonFormat()
+    strict = text_format.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(400, "'text.format.strict' must be true or false", param="text.format.strict")
+    return json_format(text_format.get("name", ""), text_format.get("schema"), "text.format")

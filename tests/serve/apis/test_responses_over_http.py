@@ -176,7 +176,7 @@ BAD_REQUESTS = [
         {**HELLO_BODY, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
         "input[0].content[0]",
     ),
-    ({**HELLO_BODY, "input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0].type"),
+    ({**HELLO_BODY, "input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0].call_id"),
     ({**HELLO_BODY, "input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     (
         {**HELLO_BODY, "input": [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Late."}]},
