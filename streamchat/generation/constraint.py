@@ -19,7 +19,6 @@ is built once per tokenizer (a third of a second for 49k tokens) and kept.
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,10 +92,6 @@ class JsonFormat(ReplyFormat):
         if problem:
             raise ConfigError(f"the JSON schema cannot constrain a reply: {problem}")
         object.__setattr__(self, "grammar", grammar)
-
-    def as_text(self) -> str:
-        """The schema as JSON text (what a journal or a message shows)."""
-        return json.dumps(ANY_OBJECT if self.schema is None else self.schema, ensure_ascii=False)
 
 
 class Constraint:

@@ -122,9 +122,7 @@ def response_format(value: object) -> JsonFormat | None:
     described = value["json_schema"]
     if not isinstance(described, dict) or set(described) - {"name", "description", "schema", "strict"}:
         raise ApiError(400, f"'{where}' must be an object with a name and a schema (and strict)", param=where)
-    if described.get("strict") is not None and not isinstance(described["strict"], bool):
-        raise ApiError(400, f"'{where}.strict' must be true or false", param=f"{where}.strict")
-    return json_format(described.get("name", ""), described.get("schema"), where)
+    return json_format(described, where)
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:

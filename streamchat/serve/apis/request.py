@@ -6,7 +6,7 @@ parsed within bounds, and the checks every API's reader shares.
     settings = request_settings(body)                       # by the chat API's names: max_tokens, temperature, stop
     settings = renamed_settings(body, {"max_tokens": "max_output_tokens", ...})   # by another API's
     text = checked_text(value, "input[0].content", limits)
-    held = json_format(name, schema, "response_format.json_schema")   # the JSON schema a reply is held to
+    held = json_format(described, "response_format.json_schema")      # the JSON schema a reply is held to
     text_format = text_format_field(body.get("text"))       # the Responses API's text.format, as sent
     held = held_format(text_format)                         # the JSON it asks for, None for text
 
@@ -257,9 +257,12 @@ def checked_text(value: object, where: str, limits: Limits) -> str:
     return encodable(value)
 
 
-def json_format(name: object, schema: object, where: str) -> JsonFormat:
-    """The JSON schema a reply is held to, as an API names and sends it; ApiError (400) naming `where`'s field
-    that is wrong (its name, its schema: one the grammar cannot hold says why)."""
+def json_format(described: dict[str, Any], where: str) -> JsonFormat:
+    """The JSON schema a reply is held to, as an API describes it at `where` (its name, schema and strict); ApiError
+    (400) naming the field that is wrong (a schema the grammar cannot hold says why)."""
+    name, schema, strict = described.get("name", ""), described.get("schema"), described.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(400, f"'{where}.strict' must be true or false", param=f"{where}.strict")
     if not isinstance(name, str) or not JSON_SCHEMA_NAME.fullmatch(name):
         raise ApiError(400, f"'{where}.name' must be 1 to 64 letters, digits, '_' or '-'", param=f"{where}.name")
     if schema is not None and not isinstance(schema, dict):
@@ -303,7 +306,4 @@ def held_format(text_format: dict[str, Any]) -> JsonFormat | None:
         return None
     if text_format["type"] == "json_object":
         return JsonFormat()
-    strict = text_format.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ApiError(400, "'text.format.strict' must be true or false", param="text.format.strict")
-    return json_format(text_format.get("name", ""), text_format.get("schema"), "text.format")
+    return json_format(text_format, "text.format")
