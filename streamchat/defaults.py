@@ -83,6 +83,9 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # than a float32 product in float32 on AVX2 CPUs. CUDA: none, decode there is bound by kernel
 # launches, not by weight bytes, until it is compiled.
 AUTO_QUANTIZE_CPU = "int4"
+# A GGUF whose weights are Q8_0 blocks keeps them where streamchat's CPU kernels run: int8 in the same blocks,
+# the file's values exactly (int4 only when asked for).
+AUTO_QUANTIZE_CPU_INT8_BLOCKS = "int8"
 AUTO_QUANTIZE_CPU_FLOAT32 = "none"
 AUTO_QUANTIZE_CUDA = "none"
 # --kv-cache: how the cache stores its window's keys and values; "auto" settles per device

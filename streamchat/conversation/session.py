@@ -6,15 +6,13 @@ driver runs (streamchat.generation.driver); the conversation advances as the dri
 it. Every token is fed exactly once, in conversation order: the cache is never recomputed,
 only reset when asked.
 
-The session keeps the conversation: the transcript, the chat format, the settings, what
-/regen goes back to. Its tokens go through the cache in a TokenLoop
-(streamchat.generation.token_loop), which prefills prompts and decodes replies.
+The session keeps the conversation: the transcript, the chat format, the settings, what /regen goes back to.
+Its tokens go through the cache in a TokenLoop (streamchat.generation.token_loop): prompts prefilled, replies decoded.
 
 A conversation is a value: `snapshot()` gives all of it as data (a ConversationState:
 messages, settings, system prompt and, between turns, the exact tensors of its cache
 and sampler), and `restore(state)` makes a session that conversation again. The
-session touches no file: whoever owns it (the app, a server) hands those values to
-streamchat.storage.
+session touches no file: whoever owns it (the app, a server) hands those values to streamchat.storage.
 
 The calls the app makes of a conversation are declared in streamchat.conversation.calls
 (`Conversation`), which a session answers with the driver that runs its moves
@@ -157,11 +155,13 @@ class ChatSession:
         read ends the reading between two forward passes, and the reply before it starts."""
         return self._answer({"role": "user", "content": text}, logprobs)
 
-    def answer_tool_results(self, results: list[ToolResult], logprobs: int | None = None) -> SessionTask:
-        """Feed the results of the last reply's tool calls and stream the reply, as chat() a user message."""
+    def answer_tool_results(
+        self, results: list[ToolResult], logprobs: int | None = None, text: str = ""
+    ) -> SessionTask:
+        """Feed the results of the last reply's calls, then `text` (the user's words, if any): one reply, as chat()."""
         if not self.transcript or not self.transcript[-1].get("tool_calls"):
             raise ConfigError("tool results answer a reply that called tools: the last reply called none")
-        return self._answer(tool_results_message(results), logprobs)
+        return self._answer(tool_results_message(results, text), logprobs)
 
     def settle_tool_calls(self, content: str, calls: list[ToolCall]) -> None:
         """The last reply as its tool calls were read from it: what the transcript (a journal, a replay) holds; the

@@ -95,7 +95,8 @@ DtypeOption = Annotated[
     str | None,
     option(
         f"Weight precision: {listed(defaults.DTYPES)}. auto: bfloat16 on GPUs and on CPUs that have it natively "
-        "or run streamchat's kernels (AVX2, AVX-512; int4 layers), float16 on other GPUs, float32 on other CPUs. "
+        "or run streamchat's kernels (AVX2, AVX-512; quantized layers), float16 on other GPUs, float32 on other "
+        "CPUs. "
         "\\[default: auto]",
         metavar="DTYPE",
     ),
@@ -105,7 +106,8 @@ QuantizeOption = Annotated[
     option(
         f"Store the linear layers' weights in fewer bits: {listed(defaults.QUANTIZATIONS)} (weight-only; "
         "activations keep --dtype). auto: int4 for bfloat16 and float16 models on CPU (the fastest setting "
-        "within 2 % of float32's perplexity), none for float32 models (no fast float32 kernel) and on GPUs. "
+        "within 2 % of float32's perplexity; int8 in Q8_0's blocks for a Q8_0 GGUF, its values exactly), none for "
+        "float32 models (no fast float32 kernel) and on GPUs. "
         "\\[default: auto]",
         metavar="SCHEME",
     ),

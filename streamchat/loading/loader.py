@@ -117,7 +117,8 @@ def load_model(options: LoadOptions, notify: Notify = _ignore) -> LoadedModel:
         quantize = tensor_parallel_quantization(quantize)
     placing = for_quantization(accelerators, quantize)  # bfloat16 for the kernels only where they run the layers
     placement = plan_placement(options.device, options.dtype, options.device_map, placing)
-    quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators)
+    source_blocks = quantize == "auto" and source.kind == "gguf" and _holds_int8_blocks(source.path)
+    quantization = plan_quantization(quantize, placement.device, placement.dtype, accelerators, source_blocks)
     plan_kv_cache(options.kv_cache, native_kernels=False)  # a bad name is refused before any download
     directory = _local_directory(source, options, notify)
     config = read_supported_config(directory, source.name, trust_remote_code=options.trust_remote_code)
@@ -289,12 +290,20 @@ def _load_tokenizer(directory: Path, options: LoadOptions, name: str) -> PreTrai
         return AutoTokenizer.from_pretrained(directory, trust_remote_code=options.trust_remote_code)
 
 
+def _holds_int8_blocks(gguf: Path) -> bool:
+    """Whether the GGUF's decoder weights are mostly Q8_0 blocks (weights/gguf_source.py; imports torch)."""
+    from streamchat.weights.gguf_source import holds_int8_blocks
+
+    return holds_int8_blocks(gguf)
+
+
 def native_kernels(device: str, dtype: str, quantization: QuantizationPlan) -> NativeKernels | None:
     """streamchat's own CPU kernels, in use from now on where a model on a CPU has a use for them: its
-    attention and norms in bfloat16, its int4 layers (placement/native.py). A float32 model builds nothing."""
+    attention and norms in bfloat16, its quantized layers (placement/native.py). A float32 model left unquantized
+    builds nothing."""
     from streamchat.placement.native import load_native_kernels, use_native_kernels
 
-    wanted = device == "cpu" and (dtype == "bfloat16" or quantization.method == "int4")
+    wanted = device == "cpu" and (dtype == "bfloat16" or quantization.method in ("int4", "int8"))
     native = load_native_kernels(kernels_dir()) if wanted else None
     if native is not None:  # never off again: a float32 model loaded beside a bfloat16 one leaves it its kernels
         use_native_kernels(native)

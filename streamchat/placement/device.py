@@ -193,9 +193,9 @@ def c_compiler() -> str | None:
 
 def for_quantization(accelerators: Accelerators, quantize: str) -> Accelerators:
     """`accelerators` as choose_dtype should see them for `--quantize quantize` (after --tp's own rule):
-    streamchat's kernels run int4 layers' products only, so a model left unquantized or in int8 gains
-    nothing from bfloat16 storage on a CPU without bf16, where torch would emulate its products."""
-    return accelerators if quantize in ("auto", "int4") else replace(accelerators, cpu_kernels=False)
+    streamchat's kernels run quantized layers' products only, so a model left unquantized gains nothing from
+    bfloat16 storage on a CPU without bf16, where torch would emulate its products."""
+    return accelerators if quantize in ("auto", "int4", "int8") else replace(accelerators, cpu_kernels=False)
 
 
 def plan_placement(device: str, dtype: str, device_map: str | None, accelerators: Accelerators) -> Placement:

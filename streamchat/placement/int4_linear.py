@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from streamchat.placement.int8_linear import QUANTIZED_ROWS
+from streamchat.placement.int8_linear import QUANTIZED_ROWS, Int8Blocks, quantize_blocks
 from streamchat.placement.packed_linear import PackedLinear
 
 GROUP_SIZE = 32
@@ -101,14 +101,20 @@ def quantize_groups(weight: torch.Tensor) -> Int4Grid:
     return Int4Grid(levels, scale, minimum)
 
 
-class GridLinear(torch.nn.Linear):
-    """A linear layer whose weights lie on a 4-bit grid (a GGUF's Q4_0 or Q4_1 blocks, read as they are), on its
-    way to an int4 layer, which takes the grid itself (int4_grid): the weights are not rounded a second time.
+# Weights as a GGUF file holds them in blocks (Q4_0 and Q4_1 as an Int4Grid, Q8_0 as Int8Blocks): the layers
+# quantized in the same form take them as they are.
+Grid = Int4Grid | Int8Blocks
 
-    Its weight stays on the meta device: a layer no int4 kernel takes is made values with as_values().
+
+class GridLinear(torch.nn.Linear):
+    """A linear layer whose weights are a GGUF file's blocks, read as they are, on its way to a quantized layer,
+    which takes the grid itself where it is its own form (int4_grid, int8_blocks): the weights are not rounded a
+    second time.
+
+    Its weight stays on the meta device: a layer no kernel takes is made values with as_values().
     """
 
-    def __init__(self, grid: Int4Grid, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, grid: Grid, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         out_features, in_features = grid.levels.shape
         super().__init__(in_features, out_features, bias=bias is not None, device="meta", dtype=dtype)
         if bias is not None:
@@ -125,7 +131,21 @@ class GridLinear(torch.nn.Linear):
 
 def int4_grid(linear: torch.nn.Linear) -> Int4Grid:
     """The grid `linear`'s weights are quantized on: its own where it has one, else the best-fitting one."""
-    return linear.grid if isinstance(linear, GridLinear) else quantize_groups(linear.weight.detach())
+    if isinstance(linear, GridLinear) and isinstance(linear.grid, Int4Grid):
+        return linear.grid
+    return quantize_groups(_float_weight(linear))
+
+
+def int8_blocks(linear: torch.nn.Linear) -> Int8Blocks:
+    """`linear`'s weights as int8 blocks: its own where it came as such, else quantized as Q8_0 quantizes."""
+    if isinstance(linear, GridLinear) and isinstance(linear.grid, Int8Blocks):
+        return linear.grid
+    return quantize_blocks(_float_weight(linear))
+
+
+def _float_weight(linear: torch.nn.Linear) -> torch.Tensor:
+    """W [out, in]: as held, or a grid's values in float32 (rounded once, by the quantization to come)."""
+    return linear.grid.dense(torch.float32) if isinstance(linear, GridLinear) else linear.weight.detach()
 
 
 class Int4Linear(PackedLinear):

@@ -1,5 +1,6 @@
-"""int8 weights: Int8Linear, a linear layer with one scale per output row, computed by aten's int8 kernel; and
-BlockInt8Embedding, the input embedding in GGUF's Q8_0 layout (a scale per block of 32).
+"""int8 weights: Int8Linear, a linear layer with one scale per output row, computed by aten's int8 kernel;
+Int8Blocks, GGUF's Q8_0 layout (a scale per block of 32 inputs: native_layers.TiledInt8Linear computes it); and
+BlockInt8Embedding, the input embedding in that layout.
 
 `torch.ops.aten._weight_int8pack_mm` multiplies activations by int8 weights without
 materialising a float copy of them: it reads half of bfloat16's weight bytes, which is
@@ -15,7 +16,7 @@ values gives back its own bytes) at 1.06 bytes a weight instead of bfloat16's 2.
 
 from __future__ import annotations
 
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 import torch
 
@@ -29,8 +30,8 @@ IN_FEATURES_MULTIPLE = 16
 QUANTIZED_ROWS = 1024
 # How many of each row's best logits Int8Head recomputes in float32.
 REFINED_CANDIDATES = 8
-# Inputs of one row that share a scale in BlockInt8Embedding: Q8_0's block.
-EMBEDDING_BLOCK = 32
+# Inputs of one row that share a scale in Int8Blocks: Q8_0's block.
+INT8_BLOCK = 32
 
 
 def fits_int8_kernel(linear: torch.nn.Linear) -> bool:
@@ -98,36 +99,50 @@ class Int8Head(Int8Linear):
         return refined.scatter_(-1, best, exact).reshape(*logits.shape[:-1], self.out_features)
 
 
-def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`weight` [rows, columns] as int8 [rows, columns] and float16 scales [rows, columns / EMBEDDING_BLOCK], as
-    GGUF's Q8_0 quantizes (each block's largest magnitude mapped to 127, the values scaled by the inverse of the
+class Int8Blocks(NamedTuple):
+    """Weights as int8 levels, each block of INT8_BLOCK inputs of a row with its own float16 scale: w = scale *
+    level. GGUF's Q8_0 blocks are such blocks."""
+
+    levels: torch.Tensor  # [rows, columns] int8
+    scale: torch.Tensor  # [rows, columns / INT8_BLOCK] float16
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """W [rows, columns] in `dtype`, each product computed in float32 (as gguf-py dequantizes Q8_0)."""
+        rows, columns = self.levels.shape
+        blocks = self.levels.view(rows, -1, INT8_BLOCK).float() * self.scale.float()[..., None]  # [rows, blocks, 32]
+        return blocks.view(rows, columns).to(dtype)
+
+
+def quantize_blocks(weight: torch.Tensor) -> Int8Blocks:
+    """`weight` [rows, columns] as int8 blocks (float16 scales [rows, columns / INT8_BLOCK]), as GGUF's Q8_0
+    quantizes (each block's largest magnitude mapped to 127, the values scaled by the inverse of the
     unrounded scale), QUANTIZED_ROWS rows at a time."""
     rows, columns = weight.shape
     quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
-    scales = torch.empty(rows, columns // EMBEDDING_BLOCK, dtype=torch.float16, device=weight.device)
+    scales = torch.empty(rows, columns // INT8_BLOCK, dtype=torch.float16, device=weight.device)
     if weight.is_meta:
-        return quantized, scales
+        return Int8Blocks(quantized, scales)
     for start in range(0, rows, QUANTIZED_ROWS):
         wide = weight[start : start + QUANTIZED_ROWS].float()
-        blocks = wide.reshape(wide.shape[0], -1, EMBEDDING_BLOCK)  # [rows, blocks, 32]
+        blocks = wide.reshape(wide.shape[0], -1, INT8_BLOCK)  # [rows, blocks, 32]
         scale = blocks.abs().amax(dim=-1) / INT8_MAX  # [rows, blocks]
         inverse = torch.where(scale == 0, 0.0, 1 / scale)
         quantized[start : start + QUANTIZED_ROWS] = torch.round(blocks * inverse[..., None]).reshape(wide.shape)
         scales[start : start + QUANTIZED_ROWS] = scale.half()
-    return quantized, scales
+    return Int8Blocks(quantized, scales)
 
 
 def fits_block_embedding(embedding: torch.nn.Module) -> TypeGuard[torch.nn.Embedding]:
     """Whether `embedding` is a plain embedding table whose rows split into whole blocks."""
-    return type(embedding) is torch.nn.Embedding and embedding.embedding_dim % EMBEDDING_BLOCK == 0
+    return type(embedding) is torch.nn.Embedding and embedding.embedding_dim % INT8_BLOCK == 0
 
 
 class BlockInt8Embedding(torch.nn.Module):
-    """An embedding table as int8 blocks of EMBEDDING_BLOCK inputs with a float16 scale each; a looked-up row is
+    """An embedding table as int8 blocks of INT8_BLOCK inputs with a float16 scale each; a looked-up row is
     widened in float32 (d * q, as gguf-py dequantizes Q8_0) and handed on in the model's dtype."""
 
     weight: torch.Tensor  # buffers, registered in __init__: [vocab, dim] int8
-    scales: torch.Tensor  # [vocab, dim / EMBEDDING_BLOCK] float16
+    scales: torch.Tensor  # [vocab, dim / INT8_BLOCK] float16
 
     def __init__(self, embedding: torch.nn.Embedding) -> None:
         super().__init__()
@@ -142,7 +157,7 @@ class BlockInt8Embedding(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # int8 levels times float32 scales multiply in float32 (type promotion), in one operation: a decode step
         # looks up one row, where each operation's dispatch costs more than its arithmetic.
-        levels = self.weight[input_ids].view(*input_ids.shape, -1, EMBEDDING_BLOCK)  # [..., blocks, 32]
+        levels = self.weight[input_ids].view(*input_ids.shape, -1, INT8_BLOCK)  # [..., blocks, 32]
         rows = torch.mul(levels, self._wide_scales()[input_ids].unsqueeze(-1))
         return rows.view(*input_ids.shape, self.embedding_dim).to(self.dtype)  # [..., dim]
 
@@ -153,4 +168,4 @@ class BlockInt8Embedding(torch.nn.Module):
         return self._widened[1]
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 blocks of {EMBEDDING_BLOCK}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 blocks of {INT8_BLOCK}"

@@ -3,6 +3,7 @@
     kernels = load_native_kernels(directory)      # None where they cannot be built or run here
     kernels.int4_rows(rows, nibbles, params)      # int4 weights times activation rows (native_layers.py)
     kernels.int8_rows(rows, packed, scales, sums) # int8 weights: the output head's float32 logits
+    kernels.int8_blocks(rows, packed, scales)     # int8 weights in Q8_0's blocks (native_layers.py)
     kernels.decode_attention(query, keys, values, mask, scale)    # one query a row (attention.py)
     kernels.decode_attention_int8(query, window, mask, scale)     # the same over an int8 cache's window
     kernels.rms_norm(hidden, weight, eps)         # LlamaRMSNorm of bfloat16 rows (lean_forward.py)
@@ -87,6 +88,7 @@ class NativeKernels:
             function = getattr(loaded, name)
             function.argtypes, function.restype = arguments, returned
         self._int4_rows, self._int8_rows, self._attention = loaded.int4_rows, loaded.int8_rows, loaded.decode_attention
+        self._int8_blocks = loaded.int8_blocks
         self._rms_norm, self._decode_layers = loaded.rms_norm, loaded.decode_layers
         self._attention_int8 = loaded.decode_attention_int8
 
@@ -113,6 +115,20 @@ class NativeKernels:
         failed = self._int8_rows(
             rows.data_ptr(), rows.dtype == torch.bfloat16, count, in_features, packed.data_ptr(), scales.data_ptr(),
             sums.data_ptr(), out.shape[1], out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise MemoryError(f"the int8 kernel could not allocate scratch memory for {count} rows")
+        return out
+
+    def int8_blocks(self, rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """rows [n, in] (contiguous, float32 or bfloat16) @ W.T for int8 W in int8_rows' tiles [out / 16, in / 4, 16,
+        4] with a float16 scale per block of 32 inputs, [out / 16, in / 32, 16]: [n, out], the rows' dtype."""
+        count, in_features = rows.shape
+        out = torch.empty(count, packed.shape[0] * TILE, dtype=rows.dtype)
+        half = rows.dtype == torch.bfloat16
+        failed = self._int8_blocks(
+            rows.data_ptr(), half, count, in_features, packed.data_ptr(), scales.data_ptr(), out.shape[1],
+            out.data_ptr(), half, torch.get_num_threads(),
         )  # fmt: skip
         if failed:
             raise MemoryError(f"the int8 kernel could not allocate scratch memory for {count} rows")
@@ -283,6 +299,10 @@ def _checks_out(kernels: NativeKernels) -> bool:
     int8_agrees = _close(
         kernels.int8_rows(rows, ones, torch.ones(32), torch.full((32,), 64, dtype=torch.int32)), row_sums
     )
+    # The same weights in blocks of 32, each block's scale random: each output its blocks' sums, scaled.
+    block_scales = torch.rand(2, 2, TILE, generator=generator).half()  # [tiles, blocks, 16]
+    scaled_sums = rows.view(3, 2, 32).sum(dim=-1) @ block_scales.float().permute(1, 0, 2).reshape(2, 32)
+    int8_agrees = int8_agrees and _close(kernels.int8_blocks(rows, ones, block_scales), scaled_sums)
     query = torch.randn(2, 2, 3, 32, generator=generator)  # [batch, kv heads, groups, dim]
     keys, values = (torch.randn(2, 2, 9, 32, generator=generator) for _ in "kv")
     mask = torch.zeros(2, 1, 1, 9)

@@ -10,6 +10,9 @@ to 128 rows on the default model's layers, closer to a float32 product than aten
 weights are Int4Linear's levels, scales and minimums (quantize_groups), scales and minimums in
 float16 (as in GGUF Q4_1), packed in tiles of 16 outputs.
 
+TiledInt8Linear: the decoder's int8 layers, in GGUF Q8_0's blocks (a float16 scale per block of 32 inputs of a
+row: a Q8_0 file's weights exactly), computed by kernels/int8_blocks.c with int16 activations.
+
 TiledInt8Head: the output head in int8 (Int8Linear's rows and scales), computed the same way
 by kernels/int8_rows.c (int8_rows_avx2.c: int16 activations). Its logits come out in float32
 from a product within 3e-5 of the int8 weights' exact one, so nothing needs recomputing
@@ -24,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from streamchat.placement.int4_linear import GROUP_SIZE, Int4Grid, int4_grid, quantize_groups
-from streamchat.placement.int8_linear import quantize_rows
+from streamchat.placement.int4_linear import GROUP_SIZE, Int4Grid, int4_grid, int8_blocks, quantize_groups
+from streamchat.placement.int8_linear import INT8_BLOCK, Int8Blocks, quantize_rows
 from streamchat.placement.native import TILE, NativeKernels
 from streamchat.placement.packed_linear import PackedLinear
 
@@ -52,6 +55,17 @@ def _int8_rows(
 @_int8_rows.register_fake
 def _(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, library: str) -> torch.Tensor:
     return rows.new_empty(rows.shape[0], scales.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("streamchat::int8_blocks", mutates_args=())
+def _int8_blocks(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, library: str) -> torch.Tensor:
+    """The int8 block kernel built at `library`, as an op a compiled graph can call."""
+    return _kernels_at(library).int8_blocks(rows, packed, scales)
+
+
+@_int8_blocks.register_fake
+def _(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, library: str) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], packed.shape[0] * TILE)
 
 
 @functools.cache
@@ -137,6 +151,59 @@ class TiledInt4Linear(PackedLinear):
         return unpack_tiles(self.nibbles, self.params, dtype)
 
 
+def fits_native_int8_blocks(linear: torch.nn.Linear) -> bool:
+    """Whether the int8 block kernel takes `linear`: whole blocks of inputs, whole tiles of outputs."""
+    return linear.in_features % INT8_BLOCK == 0 and linear.out_features % TILE == 0
+
+
+def pack_int8_tiles(levels: torch.Tensor) -> torch.Tensor:
+    """int8 W [out, in] in the kernels' tiles [out / 16, in / 4, 16, 4]: a vector is 4 inputs of 16 outputs."""
+    out_features, in_features = levels.shape
+    return levels.view(out_features // TILE, TILE, in_features // 4, 4).transpose(1, 2).contiguous()
+
+
+def unpack_int8_tiles(packed: torch.Tensor) -> torch.Tensor:
+    """The int8 W [out, in] of tiles [out / 16, in / 4, 16, 4]."""
+    tiles, quads, _, _ = packed.shape
+    return packed.transpose(1, 2).reshape(tiles * TILE, quads * 4)
+
+
+class TiledInt8Linear(PackedLinear):
+    """y = x @ W.T + bias, W = scale * q per block of INT8_BLOCK inputs of a row (Int8Blocks), through the kernel.
+
+    Prompt chunks of any length run through the kernel too, as TiledInt4Linear's do.
+    """
+
+    kernel_max_rows = 1 << 62  # no chunk is widened
+    packed: torch.Tensor  # buffers, registered in __init__
+    scales: torch.Tensor
+
+    def __init__(self, linear: torch.nn.Linear, kernels: NativeKernels) -> None:
+        super().__init__(linear)
+        self.kernels = kernels
+        levels, scale = int8_blocks(linear)
+        self.register_buffer("packed", pack_int8_tiles(levels))
+        # [out, blocks] -> [out / 16, 16, blocks] -> [out / 16, blocks, 16]: a block's 16 scales side by side.
+        tiles = scale.view(self.out_features // TILE, TILE, -1).transpose(1, 2)
+        self.register_buffer("scales", tiles.contiguous())
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        taken = _kernel_rows(rows)
+        if torch.compiler.is_compiling():
+            out = torch.ops.streamchat.int8_blocks(taken, self.packed, self.scales, str(self.kernels.library))
+        else:
+            out = self.kernels.int8_blocks(taken, self.packed, self.scales)
+        return out if taken is rows else out.to(rows.dtype)
+
+    def blocks(self) -> Int8Blocks:
+        """The weights as Int8Blocks (levels [out, in], scales [out, in / INT8_BLOCK])."""
+        scale = self.scales.transpose(1, 2).reshape(self.out_features, -1)
+        return Int8Blocks(unpack_int8_tiles(self.packed), scale)
+
+    def widened(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.blocks().dense(dtype)
+
+
 def fits_native_int8(linear: torch.nn.Linear) -> bool:
     """Whether the int8 kernel takes `linear`: inputs in whole vectors, whole tiles of outputs."""
     return linear.in_features % TILE == 0 and linear.out_features % TILE == 0
@@ -154,10 +221,7 @@ class TiledInt8Head(PackedLinear):
         super().__init__(linear)
         self.kernels = kernels
         weight, scales = quantize_rows(linear.weight.detach())
-        out_features, in_features = weight.shape
-        # [out, in] -> [out / 16, 16, in / 4, 4] -> [out / 16, in / 4, 16, 4]: a vector is 4 inputs of 16 outputs.
-        tiles = weight.view(out_features // TILE, TILE, in_features // 4, 4).transpose(1, 2)
-        self.register_buffer("packed", tiles.contiguous())
+        self.register_buffer("packed", pack_int8_tiles(weight))
         self.register_buffer("scales", scales)
         self.register_buffer("sums", weight.sum(dim=1, dtype=torch.int32))
 
@@ -170,7 +234,7 @@ class TiledInt8Head(PackedLinear):
 
     def rows_int8(self) -> torch.Tensor:
         """The int8 weights W [out, in]."""
-        return self.packed.transpose(1, 2).reshape(self.out_features, self.in_features)
+        return unpack_int8_tiles(self.packed)
 
     def widened(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.rows_int8().float() * self.scales[:, None]).to(dtype)

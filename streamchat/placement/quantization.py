@@ -16,7 +16,9 @@ Why these schemes (measured on the CI CPU in eager mode, default model; README, 
   unquantized: the kernels' float32 paths are slower than a float32 product on AVX2 CPUs.
   On CUDA, torchao's tinygemm layout (_weight_int4pack_mm): bfloat16 only, compute
   capability 8.0 or newer.
-- int8 on CPU is Int8Linear (aten's _weight_int8pack_mm): torchao's int8 tensor converts
+- int8 on CPU is TiledInt8Linear where streamchat's kernels build: int8 in GGUF Q8_0's blocks (a scale per 32
+  inputs), so a Q8_0 file's weights are held exactly, and auto keeps such a file in int8 (source_blocks). Else
+  Int8Linear (aten's _weight_int8pack_mm, a scale per row): torchao's int8 tensor converts
   the whole weight to the activations' dtype on every eager call (slower than bf16), and
   optimum-quanto reaches the same kernel through enough Python to lose most of its gain.
   On CUDA, torchao's Int8WeightOnlyConfig: eager it dequantizes per call too, and pays
@@ -98,12 +100,18 @@ def precision_label(dtype: torch.dtype, quantization: str) -> str:
     return name if quantization == NO_QUANTIZATION.method else f"{name} {quantization}"
 
 
-def plan_quantization(requested: str, device: str, dtype: str, accelerators: Accelerators) -> QuantizationPlan:
-    """Settle --quantize for a model placed on `device` in `dtype` (both as plan_placement settled them)."""
+def plan_quantization(
+    requested: str, device: str, dtype: str, accelerators: Accelerators, source_blocks: bool = False
+) -> QuantizationPlan:
+    """Settle --quantize for a model placed on `device` in `dtype` (both as plan_placement settled them);
+    `source_blocks`: its weights come as int8 blocks (a Q8_0 GGUF), which auto keeps where the CPU kernels
+    take them rather than rounding them to int4."""
     if not is_quantize_name(requested):
         raise ConfigError(f"--quantize {requested!r} is not a quantization; choose one of {QUANTIZE_NAMES}")
     kind = device.split(":")[0]  # "cuda:1" is a CUDA device
     method = _settle_auto(kind, dtype) if requested == "auto" else requested
+    if requested == "auto" and method == "int4" and kind == "cpu" and source_blocks and accelerators.cpu_kernels:
+        method = defaults.AUTO_QUANTIZE_CPU_INT8_BLOCKS
     if method == "none":
         return NO_QUANTIZATION
     if kind == "cpu":
@@ -192,6 +200,12 @@ def quantizes_while_loading(plan: QuantizationPlan) -> bool:
     return plan.layers in (None, "int8-aten", "int4-aten") and plan.head in (None, "int8-aten")
 
 
+def takes_grids(plan: QuantizationPlan, native: NativeKernels | None) -> bool:
+    """Whether the CPU layers `plan` makes take a GGUF's blocks as they are (int4_linear.GridLinear): the int4
+    layers, and the int8 ones in blocks (streamchat's kernels); aten's int8 layers quantize values per row."""
+    return quantizes_while_loading(plan) and (plan.method == "int4" or (plan.method == "int8" and native is not None))
+
+
 def _apply(
     model: PreTrainedModel,
     scope: torch.nn.Module,
@@ -246,6 +260,11 @@ class _LayerMaker(NamedTuple):
 def _layer_maker(scheme: Scheme, native: NativeKernels | None) -> _LayerMaker:
     from streamchat.placement.int8_linear import Int8Linear, fits_int8_kernel
 
+    if scheme == "int8-aten" and native is not None:
+        from streamchat.placement.native_layers import TiledInt8Linear, fits_native_int8_blocks
+
+        blocks = functools.partial(TiledInt8Linear, kernels=native)
+        return _LayerMaker(blocks, _int8_head_maker(native), fits_native_int8_blocks)
     if scheme == "int8-aten":
         return _LayerMaker(Int8Linear, _int8_head_maker(native), fits_int8_kernel)
     if native is not None:

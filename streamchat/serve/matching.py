@@ -4,8 +4,9 @@ A client resends the whole history each time. After each turn the server files t
 conversation under a digest of (system prompt, tools, messages); a request whose history (all
 but its new user message or tool results) has the same digest continues that conversation, and only
 the new message is read. Messages are compared by content, as the server wrote them (a reply's tool
-calls as the client was told them, their ids included; tool results by call id and text): a client
-that edits an earlier turn, or trims a reply, starts a new conversation. The one exception
+calls as the client was told them, their ids included; tool results by call id and text, and the
+user's words sent with them): a client that edits an earlier turn, or trims a reply, starts a new
+conversation. The one exception
 is a reply cut short because its client left mid-stream: the server knows what it sent,
 not what the client read, so a history ending on any start of that reply (or just before
 it) continues it. A journal whose last reply was stopped is filed that way when the server
@@ -47,6 +48,8 @@ def _said(message: Message) -> list[object]:
         said.append(message["tool_calls"])
     if "tool_results" in message:
         said.append(message["tool_results"])
+    if "user_text" in message:  # only where there is some: results alone are matched as they always were
+        said.append(message["user_text"])
     return said
 
 

@@ -169,8 +169,9 @@ class Turn:
         family = self._tool_family(session)
         session.reply_format = self._reply_format(family)  # this request's, not the last one's
         try:
-            if self.request.tool_results is not None:
-                items = session.answer_tool_results(self.request.tool_results, self.request.logprobs)
+            request = self.request
+            if request.tool_results is not None:
+                items = session.answer_tool_results(request.tool_results, request.logprobs, request.text)
             else:
                 items = session.chat(self.request.text, self.request.logprobs)
         except ConfigError as error:

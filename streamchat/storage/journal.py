@@ -12,6 +12,7 @@
     {"type": "reply", "content": "Hi.", "stop_reason": "eos", "at": "..."}
     {"type": "reply", "content": "", "tool_calls": [{"id": "call_1f..", "type": "function", "function": {...}}], ...}
     {"type": "tool", "results": [{"tool_call_id": "call_1f..", "content": "sunny"}], "at": "..."}
+    {"type": "tool", "results": [...], "text": "Now book it.", "at": "..."}   (the user's words sent with the results)
     {"type": "rewind", "messages": 1, "at": "..."}        (a /regen took the reply back)
 
 The records of each change are one write of whole lines to a file opened for appending,
@@ -170,7 +171,10 @@ class Journal:
                 if index in recalled:
                     self._append_recall(index, recalled[index])
             elif message["role"] == "tool":
-                self._append({"type": "tool", "results": message.get("tool_results", [])})
+                tool_record: dict[str, Any] = {"type": "tool", "results": message.get("tool_results", [])}
+                if message.get("user_text"):  # the user's words sent with the results: the same turn
+                    tool_record["text"] = message["user_text"]
+                self._append(tool_record)
             else:
                 record: dict[str, Any] = {"type": "reply", "content": message["content"]}
                 if "tool_calls" in message:

@@ -176,7 +176,8 @@ def _messages(path: Path, value: Any) -> list[Message]:
             )
         where = f"{path}: message {number}"
         if message["role"] == "tool":
-            messages.append(tool_results_message(_tool_results(where, message.get("tool_results"))))
+            text = _user_text(where, message.get("user_text"))
+            messages.append(tool_results_message(_tool_results(where, message.get("tool_results")), text))
         elif message["role"] == "assistant" and "tool_calls" in message:
             calls = _tool_calls(where, message["tool_calls"])
             messages.append({"role": "assistant", "content": message["content"], "tool_calls": calls})
@@ -220,6 +221,13 @@ def _tool_results(where: str, value: Any) -> list[ToolResult]:
     ):
         raise SessionFileError(f"{where}: tool results need each a tool_call_id and text content")
     return [{"tool_call_id": result["tool_call_id"], "content": result["content"]} for result in value]
+
+
+def _user_text(where: str, value: Any) -> str:
+    """The user's words sent with tool results ("" for none); SessionFileError when not text."""
+    if value is not None and not isinstance(value, str):
+        raise SessionFileError(f"{where}: the text after tool results must be text")
+    return value or ""
 
 
 def _settings(path: Path, value: Any) -> dict[str, str]:
@@ -297,7 +305,9 @@ def _read_journal(path: Path, header: dict[str, Any], text: str) -> SavedSession
             if kind == "user":
                 messages.append({"role": "user", "content": _record_text(path, number, record)})
             elif messages and messages[-1].get("tool_calls"):
-                messages.append(tool_results_message(_tool_results(f"{path} line {number}", record.get("results"))))
+                where = f"{path} line {number}"
+                text = _user_text(where, record.get("text"))
+                messages.append(tool_results_message(_tool_results(where, record.get("results")), text))
             last_reply_stopped = False
         elif kind == "reply" and messages and is_prompt(messages[-1]):
             reply: Message = {"role": "assistant", "content": _record_text(path, number, record)}

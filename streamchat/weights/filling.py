@@ -19,7 +19,8 @@ import torch
 
 from streamchat.errors import ModelAccessError
 from streamchat.placement.fusion import unfused_names
-from streamchat.placement.int4_linear import GridLinear, Int4Grid
+from streamchat.placement.int4_linear import Grid, GridLinear, Int4Grid
+from streamchat.placement.int8_linear import Int8Blocks
 from streamchat.weights.sources import SourceTensor, WeightSource
 
 if TYPE_CHECKING:
@@ -66,9 +67,9 @@ def fill_model(
     """Fill every empty tensor of `model` from `source`, a decoder layer at a time, `finish`ing each layer as
     it is filled, then the rest of the model (embeddings, final norm, output head) and `finish(model)`.
 
-    `grids`: a decoder layer's linear layer whose source is on a 4-bit grid is a GridLinear when `finish` sees
-    it (for an int4 layer to take as it is; made values after, if `finish` leaves it); else every weight is
-    made values in `dtype`.
+    `grids`: a decoder layer's linear layer whose source is a GGUF's blocks (a 4-bit grid, int8 blocks) is a
+    GridLinear when `finish` sees it (for a quantized layer to take as it is; made values after, if `finish`
+    leaves it); else every weight is made values in `dtype`.
     """
     reading = _Reading(source, dtype, device)
     layers = _decoder_layers(model)
@@ -116,9 +117,10 @@ class _Reading:
         bias_names = unfused_names(f"{name}.bias")
         bias = self.values(bias_names) if bias_names[0] in self.held else None
         weights = [self.source.read(part) for part in unfused_names(f"{name}.weight")]
-        if grids and all(isinstance(weight, Int4Grid) for weight in weights):
-            grid = Int4Grid(*(torch.cat(parts) for parts in zip(*weights, strict=True)))  # the parts' rows, in order
-            return GridLinear(grid, bias, self.dtype)
+        kinds = {type(weight) for weight in weights}
+        if grids and len(kinds) == 1 and kinds <= {Int4Grid, Int8Blocks}:
+            joined = [torch.cat(parts) for parts in zip(*weights, strict=True)]  # the parts' rows, in order
+            return GridLinear(Int4Grid(*joined) if kinds == {Int4Grid} else Int8Blocks(*joined), bias, self.dtype)
         weight = _joined(weights, self.dtype, self.device)
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         linear.weight = torch.nn.Parameter(weight, requires_grad=False)
@@ -132,7 +134,7 @@ class _Reading:
 
 def _joined(tensors: list[SourceTensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The tensors' values in `dtype` on `device`, rows of several parts joined in order."""
-    values = [tensor.dense(dtype) if isinstance(tensor, Int4Grid) else tensor for tensor in tensors]
+    values = [tensor.dense(dtype) if isinstance(tensor, Grid) else tensor for tensor in tensors]
     joined = values[0] if len(values) == 1 else torch.cat([value.to(dtype) for value in values])
     return joined.to(device=device, dtype=dtype if joined.is_floating_point() else joined.dtype)
 

@@ -28,8 +28,8 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 from streamchat.errors import ConfigError, OutOfMemoryError
 from streamchat.placement.fusion import fuse_projections
 from streamchat.placement.int4_linear import GROUP_SIZE, fits_int4_kernel
-from streamchat.placement.int8_linear import EMBEDDING_BLOCK, fits_block_embedding, fits_int8_kernel
-from streamchat.placement.native_layers import fits_native_int4, fits_native_int8
+from streamchat.placement.int8_linear import INT8_BLOCK, fits_block_embedding, fits_int8_kernel
+from streamchat.placement.native_layers import fits_native_int4, fits_native_int8, fits_native_int8_blocks
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -37,8 +37,8 @@ QUANTIZATIONS = ("none", "int8", "int4")
 INT4_PARAM_BYTES = 2 * 2
 # TiledInt8Head: a float32 scale and an int32 sum of the levels per output row.
 INT8_HEAD_ROW_BYTES = 4 + 4
-# BlockInt8Embedding: a float16 scale per block of EMBEDDING_BLOCK inputs.
-EMBEDDING_SCALE_BYTES = 2
+# Int8Blocks (BlockInt8Embedding, TiledInt8Linear): a float16 scale per block of INT8_BLOCK inputs.
+BLOCK_SCALE_BYTES = 2
 # What a run takes beyond its weights and KV window grows with them: a prompt chunk's hidden states, MLP
 # intermediates and logits, the allocator's slack between freed blocks. A tenth covers those.
 HEADROOM = 1.1
@@ -105,8 +105,7 @@ def weight_bytes(config: PreTrainedConfig, dtype: str, quantization: str, native
 def _packed_bytes(module: torch.nn.Module, is_head: bool, quantization: str, element: int, native: bool) -> int | None:
     """The bytes of `module`'s weight once quantize_model packs it, None where it stays as loaded."""
     if quantization != "none" and fits_block_embedding(module):
-        rows, inputs = module.num_embeddings, module.embedding_dim
-        return rows * inputs + rows * (inputs // EMBEDDING_BLOCK) * EMBEDDING_SCALE_BYTES
+        return _block_bytes(module.num_embeddings, module.embedding_dim)
     if quantization == "none" or not isinstance(module, torch.nn.Linear):
         return None
     rows, inputs = module.out_features, module.in_features
@@ -114,6 +113,8 @@ def _packed_bytes(module: torch.nn.Module, is_head: bool, quantization: str, ele
         if native and fits_native_int8(module):
             return rows * inputs + rows * INT8_HEAD_ROW_BYTES
         return _int8_bytes(module, element)  # Int8Head
+    if quantization == "int8" and native:  # TiledInt8Linear: a float16 scale per block, as the embedding's
+        return _block_bytes(rows, inputs) if fits_native_int8_blocks(module) else None
     if quantization == "int8":
         return _int8_bytes(module, element)
     if not (fits_native_int4 if native else fits_int4_kernel)(module):
@@ -121,6 +122,11 @@ def _packed_bytes(module: torch.nn.Module, is_head: bool, quantization: str, ele
     # TiledInt4Linear keeps its scale and minimum in float16; Int4Linear its (scale, zero) pairs in dtype.
     param_bytes = INT4_PARAM_BYTES if native else 2 * element
     return rows * inputs // 2 + rows * (inputs // GROUP_SIZE) * param_bytes
+
+
+def _block_bytes(rows: int, inputs: int) -> int:
+    """Int8Blocks': a byte a weight and a float16 scale per block of INT8_BLOCK inputs of a row."""
+    return rows * inputs + rows * (inputs // INT8_BLOCK) * BLOCK_SCALE_BYTES
 
 
 def _int8_bytes(linear: torch.nn.Linear, element: int) -> int | None:

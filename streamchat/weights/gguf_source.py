@@ -2,8 +2,9 @@
 
 Q4_0 and Q4_1 blocks come back as an Int4Grid, as they are: a block is a group of 32 inputs of
 one output row with its own scale and minimum (Q4_1: d and m; Q4_0: d and -8 d), which is
-streamchat's int4 format, so no value is rounded twice. Every other type (Q8_0, the K-quants,
-the float types) is dequantized as gguf-py dequantizes it, a tensor at a time.
+streamchat's int4 format, so no value is rounded twice. Q8_0 blocks come back as Int8Blocks (d and
+32 int8 levels), streamchat's int8 format. Every other type (the K-quants, the float types) is
+dequantized as gguf-py dequantizes it, a tensor at a time.
 
 transformers supplies what is not about values: the name map from llama.cpp's tensor names
 to the model's (gguf-py's tables), and the per-architecture undoing of llama.cpp's layout
@@ -14,6 +15,7 @@ dequantized values instead.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +26,7 @@ import torch
 from streamchat.errors import ModelAccessError
 from streamchat.placement.fusion import unfused_names
 from streamchat.placement.int4_linear import GROUP_SIZE, Int4Grid
+from streamchat.placement.int8_linear import INT8_BLOCK, Int8Blocks
 from streamchat.weights.sources import SourceTensor
 
 if TYPE_CHECKING:
@@ -32,9 +35,9 @@ if TYPE_CHECKING:
 # ggml's type ids (gguf.GGMLQuantizationType) of the types read as values without dequantizing.
 _FLOATS = {0: np.float32, 1: np.float16}
 _BF16 = 30
-_Q4_0, _Q4_1 = 2, 3
-# Bytes before a block's 16 bytes of levels: d (float16), and for Q4_1 m (float16).
-_GRID_HEADER = {_Q4_0: 2, _Q4_1: 4}
+_Q4_0, _Q4_1, _Q8_0 = 2, 3, 8
+# Bytes before a block's levels: d (float16), and for Q4_1 m (float16); Q4 blocks hold 16 bytes of levels, Q8_0 32.
+_GRID_HEADER = {_Q4_0: 2, _Q4_1: 4, _Q8_0: 2}
 
 
 class GgufSource:
@@ -69,9 +72,14 @@ class GgufSource:
         info = self._infos[gguf_name]
         data = np.fromfile(self.path, dtype=np.uint8, count=info.nbytes, offset=self._data_start + info.offset)
         if info.ggml_type in _GRID_HEADER and self._grids_readable and len(info.shape) == 2:
-            grid = _grid(data, info.ggml_type, *info.shape)
+            rows, columns = info.shape
+            grid = (
+                _int8_blocks(data, rows, columns)
+                if info.ggml_type == _Q8_0
+                else _grid(data, info.ggml_type, rows, columns)
+            )
             order = self._row_order(gguf_name, info.shape[0])
-            return grid if order is None else Int4Grid(*(part[order] for part in grid))
+            return grid if order is None else type(grid)(*(part[order] for part in grid))
         values = self._processed(gguf_name, _values(data, info.ggml_type, info.shape))
         return torch.from_numpy(np.ascontiguousarray(values))
 
@@ -139,3 +147,26 @@ def _grid(data: np.ndarray, ggml_type: int, rows: int, columns: int) -> Int4Grid
     levels = np.concatenate([packed & 15, packed >> 4], axis=-1).reshape(rows, columns)
     as_torch = (torch.from_numpy(np.ascontiguousarray(part)) for part in (levels, scale, minimum))
     return Int4Grid(*as_torch)
+
+
+def _int8_blocks(data: np.ndarray, rows: int, columns: int) -> Int8Blocks:
+    """Q8_0 blocks [rows, columns / 32] as Int8Blocks, value for value."""
+    blocks = data.reshape(rows, columns // INT8_BLOCK, 2 + INT8_BLOCK)  # [rows, blocks, block bytes]
+    scale = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [rows, blocks]
+    levels = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, columns)
+    return Int8Blocks(torch.from_numpy(levels), torch.from_numpy(scale))
+
+
+def holds_int8_blocks(path: Path) -> bool:
+    """Whether most of the GGUF file's decoder weights are Q8_0 blocks (False where its header cannot be read:
+    loading it says why)."""
+    from transformers.integrations.gguf.reader import GgufHeader
+
+    try:
+        header = GgufHeader.from_file(str(path))
+    except (OSError, ValueError, struct.error):
+        return False
+    weights = [info for info in header.tensors if info.name.startswith("blk.") and len(info.shape) == 2]
+    sizes = {info.name: int(np.prod(info.shape)) for info in weights}
+    in_blocks = sum(sizes[info.name] for info in weights if info.ggml_type == _Q8_0)
+    return 2 * in_blocks > sum(sizes.values())

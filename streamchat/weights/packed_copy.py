@@ -30,7 +30,7 @@ import torch
 from streamchat.errors import StreamchatError
 
 # Changes whenever the packed layers' tensors change meaning: older copies are then not read.
-FORMAT = "streamchat-packed-2"  # 2: the input embedding in int8 blocks
+FORMAT = "streamchat-packed-3"  # 2: the input embedding in int8 blocks; 3: int8 layers in blocks too
 SUFFIX = ".safetensors"
 _SAFETENSORS_DTYPES = {
     torch.float32: "F32",

@@ -5,7 +5,7 @@ request, so a model is filled without the whole checkpoint in memory. Nothing st
 between reads: pages of a mapped file count towards a process's resident memory for as long
 as the mapping lives, and a 7B checkpoint read through one long-lived map would show 13.5 GB.
 A tensor comes back as values (any float dtype: the filler converts it) or, from a GGUF's
-Q4_0 and Q4_1 blocks, as an Int4Grid that the int4 layers take without rounding again.
+Q4_0, Q4_1 and Q8_0 blocks, as a Grid that the quantized layers take without rounding again.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Protocol
 import torch
 
 from streamchat.errors import ModelAccessError
-from streamchat.placement.int4_linear import Int4Grid
+from streamchat.placement.int4_linear import Grid
 
-SourceTensor = torch.Tensor | Int4Grid
+SourceTensor = torch.Tensor | Grid
 _INDEX = "model.safetensors.index.json"
 SAFETENSORS_FILES = "model*.safetensors"
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from streamchat.errors import ModelAccessError
 from streamchat.placement.fusion import fuse_projections
-from streamchat.placement.quantization import QuantizationPlan, quantize_model, quantizes_while_loading
+from streamchat.placement.quantization import QuantizationPlan, quantize_model, quantizes_while_loading, takes_grids
 from streamchat.weights.filling import empty_model, fill_model, missing_tensors
 from streamchat.weights.packed_copy import packed_copy_path, read_packed_copy, write_packed_copy
 
@@ -89,7 +89,7 @@ def load_streamed(
             quantize_model(model, plan, native, within=scope)
 
     with torch.no_grad():
-        fill_model(model, source, dtype, device, finish, grids=plan.method == "int4" and device.type == "cpu")
+        fill_model(model, source, dtype, device, finish, grids=device.type == "cpu" and takes_grids(plan, native))
     if not in_stream:
         quantize_model(model, plan, native)  # torchao's, on the device, once the whole model is there
     if packed is not None:

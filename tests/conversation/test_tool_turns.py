@@ -15,7 +15,7 @@ from streamchat.errors import ChatTemplateError, ConfigError
 from streamchat.generation.events import TurnFinished
 from streamchat.generation.settings import GenerationSettings
 from streamchat.storage.journal import Journal
-from streamchat.storage.session_file import read_session
+from streamchat.storage.session_file import read_session, save_session
 from tests.support.sessions import session_under_test
 from tests.support.tokenizers import byte_level_tokenizer, byte_level_tokenizer_with
 from tests.support.tool_template import TIME_TOOL, WEATHER_TOOL, scripted_tool_model, tool_tokenizer
@@ -92,3 +92,52 @@ def test_a_live_tool_conversation_feeds_the_whole_render_and_is_journaled(tmp_pa
     saved = read_session(journal.path)
     assert saved.messages == session.transcript and saved.tools == TOOLS
     assert saved.state(GREEDY).tools == TOOLS
+
+
+# The user's words sent with the results (an agent's reminder): one prompt turn, the results then a user message.
+WITH_TEXT = [
+    *CONVERSATION[:2],
+    tool_results_message(
+        [{"tool_call_id": "call_a", "content": "sunny"}, {"tool_call_id": "call_b", "content": "noon"}],
+        "In one word, please.",
+    ),
+    *CONVERSATION[3:],
+]
+
+
+@pytest.mark.parametrize(
+    "tokenizer", list(templates()), ids=lambda t: "qwen" if "Qwen" in t.chat_template else "hermes"
+)
+def test_results_with_the_users_words_are_one_turn_cut_alone_as_the_whole_render(tokenizer):
+    assert template_messages(WITH_TEXT)[4] == {"role": "user", "content": "In one word, please."}
+    chat_format = ChatFormat(tokenizer, "Be brief.", tools=TOOLS)
+    fed = [token for ids in chat_format.conversation_ids(WITH_TEXT) for token in ids]
+    assert fed == whole_render(tokenizer, WITH_TEXT, "Be brief.")
+
+
+def test_a_live_turn_of_results_and_words_feeds_the_whole_render_and_is_journaled(tmp_path):
+    model, tokenizer = scripted_tool_model()
+    session = session_under_test(model, tokenizer, SessionOptions(settings=GREEDY, window=400))
+    list(session.restore(ConversationState([], None, GREEDY, tools=TOOLS)))
+    list(session.driver.run(session.chat("Weather?")))
+    call = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    session.settle_tool_calls("", [call])
+    results = [{"tool_call_id": "call_a", "content": "Error: no such city"}]
+    finished = [
+        e
+        for e in session.driver.run(session.answer_tool_results(results, text="Try Lyon."))
+        if isinstance(e, TurnFinished)
+    ]
+    assert len(finished) == 1  # one reply to both
+    assert [message["role"] for message in session.transcript] == ["user", "assistant", "tool", "assistant"]
+    assert session.transcript[2]["user_text"] == "Try Lyon."
+    assert session.cache_view().token_ids == whole_render(tokenizer, session.transcript)
+
+    journal = Journal(tmp_path, "tiny", {}, pytest.fail)
+    journal.record(session.snapshot(tensors=False), "eos")
+    saved = read_session(journal.path)
+    assert saved.messages == session.transcript
+    save_session(tmp_path / "saved.json", session.snapshot(tensors=False), "tiny")  # /save FILE's format too
+    assert read_session(tmp_path / "saved.json").messages == session.transcript
+    list(session.replay(saved.messages))  # replayed from the journal, the same tokens
+    assert session.cache_view().token_ids == whole_render(tokenizer, session.transcript)

@@ -19,6 +19,8 @@ from streamchat.loading import LoadedModel, LoadOptions, load_model
 from streamchat.loading.conversion import cache_root, conversion_dir
 from streamchat.loading.loader import attention_implementation
 from streamchat.placement.attention import ATTENTION_NAME
+from streamchat.placement.device import native_kernels_run_here
+from streamchat.placement.native_layers import TiledInt4Linear, TiledInt8Linear
 from tests.support.gguf_files import CONTEXT_LENGTH, save_model_directory, write_tiny_gguf
 
 PROMPT = [{"role": "user", "content": "hello world"}]
@@ -139,6 +141,23 @@ def test_a_quantized_models_q8_0_embedding_is_the_files_own_at_first_and_later_s
         loaded = load_model(options)
         assert loaded.weights_from == start
         assert torch.equal(loaded.model.get_input_embeddings()(ids)[0], table)
+
+
+@pytest.mark.skipif(not native_kernels_run_here(), reason="needs streamchat's CPU kernels (AVX2 and a C compiler)")
+def test_a_q8_0_gguf_keeps_its_blocks_in_int8_layers_unless_int4_is_asked_for(tmp_path: Path):
+    import gguf as gguf_py
+    from gguf.quants import dequantize
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", matrix_type=gguf_py.GGMLQuantizationType.Q8_0)
+    (tensor,) = [t for t in gguf_py.GGUFReader(path).tensors if t.name == "blk.0.ffn_down.weight"]
+    down = torch.from_numpy(dequantize(tensor.data, gguf_py.GGMLQuantizationType.Q8_0))  # [hidden, intermediate]
+    for start in ("files", "packed copy"):
+        loaded = load_model(LoadOptions(model=str(path), dtype="bfloat16"))  # --quantize auto
+        layer = loaded.model.model.layers[0].mlp.down_proj
+        assert (loaded.weights_from, loaded.quantization) == (start, "int8")
+        assert isinstance(layer, TiledInt8Linear) and torch.equal(layer.widened(torch.float32), down)
+    asked = load_model(LoadOptions(model=str(path), dtype="bfloat16", quantize="int4"))
+    assert asked.quantization == "int4" and isinstance(asked.model.model.layers[0].mlp.down_proj, TiledInt4Linear)
 
 
 def test_an_unquantized_model_is_read_from_its_files_at_every_start(model_dir: Path):

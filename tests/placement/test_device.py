@@ -229,10 +229,10 @@ def test_flags_are_read_only_for_the_architecture_that_writes_them():
 
 
 @pytest.mark.parametrize(
-    ("quantize", "dtype"), [("auto", "bfloat16"), ("int4", "bfloat16"), ("none", "float32"), ("int8", "float32")]
+    ("quantize", "dtype"), [("auto", "bfloat16"), ("int4", "bfloat16"), ("int8", "bfloat16"), ("none", "float32")]
 )
 def test_bfloat16_for_the_kernels_only_where_they_run_the_layers(quantize, dtype):
-    # streamchat's kernels run int4 layers: unquantized or int8 (and --tp's none), a CPU without bf16 keeps float32.
+    # streamchat's kernels run quantized layers: unquantized (and --tp's none), a CPU without bf16 keeps float32.
     kernels_cpu = Accelerators(cpu_kernels=True)
     assert choose_dtype("auto", "cpu", for_quantization(kernels_cpu, quantize)) == dtype
     assert choose_dtype("auto", "cpu", for_quantization(BF16_CPU, quantize)) == "bfloat16"  # native bf16: always

@@ -40,7 +40,15 @@ def test_they_are_built_once_and_reused(kernels, tmp_path, monkeypatch):
 
 def test_the_bindings_are_read_from_the_header():
     signatures = kernel_signatures((KERNELS / "kernels.h").read_text())
-    kernels = {"int4_rows", "int8_rows", "decode_attention", "decode_attention_int8", "rms_norm", "decode_layers"}
+    kernels = {
+        "int4_rows",
+        "int8_rows",
+        "int8_blocks",
+        "decode_attention",
+        "decode_attention_int8",
+        "rms_norm",
+        "decode_layers",
+    }
     assert set(signatures) == kernels
     returned, arguments = signatures["rms_norm"]
     assert returned is None

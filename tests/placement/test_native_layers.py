@@ -5,9 +5,16 @@ import torch
 
 from streamchat.placement import native_layers
 from streamchat.placement.device import Accelerators
-from streamchat.placement.int4_linear import GROUP_SIZE, Int4Linear, quantize_groups
-from streamchat.placement.int8_linear import Int8Head
-from streamchat.placement.native_layers import TiledInt4Linear, TiledInt8Head, fits_native_int4, pack_tiles
+from streamchat.placement.int4_linear import GROUP_SIZE, GridLinear, Int4Linear, quantize_groups
+from streamchat.placement.int8_linear import Int8Head, Int8Linear, quantize_blocks
+from streamchat.placement.native_layers import (
+    TiledInt4Linear,
+    TiledInt8Head,
+    TiledInt8Linear,
+    fits_native_int4,
+    fits_native_int8_blocks,
+    pack_tiles,
+)
 from streamchat.placement.quantization import plan_quantization, quantize_model
 from tests.support.models import tiny_model
 
@@ -107,7 +114,56 @@ def test_the_int8_head_is_used_for_int4_and_int8_models_where_there_are_kernels(
     assert isinstance(model.lm_head, Int8Head)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+# One row, a row block and one, a long chunk.
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_int8_blocks_compute_with_the_blocks_weights(kernels, dtype: torch.dtype, bias: bool, rows: int):
+    original = linear(96, 64, dtype, bias)
+    layer = TiledInt8Linear(original, kernels)
+    blocks = quantize_blocks(original.weight)
+    assert torch.equal(layer.blocks().levels, blocks.levels) and torch.equal(layer.blocks().scale, blocks.scale)
+    hidden = torch.randn(1, rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    exact = hidden.double() @ blocks.dense(torch.float64).T + (original.bias.double() if bias else 0)
+    got = layer(hidden)
+    assert got.shape == (1, rows, 64) and got.dtype == dtype
+    # int16 activations keep about 16 bits: far closer than half precision's rounding of the outputs.
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-2
+    assert ((got.double() - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < tolerance
+
+
+def test_int8_blocks_read_as_such_are_taken_as_they_are(kernels):
+    # A Q8_0 file's blocks (weights/gguf_source.py): the layer holds them, rounded no second time.
+    blocks = quantize_blocks(torch.randn(32, 64, generator=torch.Generator().manual_seed(1)))
+    layer = TiledInt8Linear(GridLinear(blocks, None, torch.bfloat16), kernels)
+    assert torch.equal(layer.blocks().levels, blocks.levels) and torch.equal(layer.blocks().scale, blocks.scale)
+    assert torch.equal(layer.widened(torch.float32), blocks.dense(torch.float32))
+
+
+def test_a_compiled_step_calls_the_int8_block_kernel_as_an_op(kernels):
+    layer = TiledInt8Linear(linear(64, 32, torch.float32), kernels)
+    rows = torch.randn(3, 64)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(rows), layer(rows))
+
+
+@pytest.mark.parametrize(("shape", "fits"), [((32, 16), True), ((96, 48), True), ((48, 64), False), ((64, 40), False)])
+def test_int8_blocks_take_whole_blocks_and_tiles(shape: tuple[int, int], fits: bool):
+    assert fits_native_int8_blocks(torch.nn.Linear(*shape)) is fits
+
+
+def test_a_model_quantized_to_int8_holds_blocks_where_there_are_kernels(kernels):
+    model = copy.deepcopy(tiny_model("llama"))
+    quantize_model(model, plan_quantization("int8", "cpu", "bfloat16", Accelerators()), kernels)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, TiledInt8Linear) and isinstance(layer.mlp.down_proj, TiledInt8Linear)
+    model = copy.deepcopy(tiny_model("llama"))
+    quantize_model(model, plan_quantization("int8", "cpu", "bfloat16", Accelerators()))
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int8Linear)  # aten's, a scale per row
+
+
 def test_no_rows_give_no_rows(kernels):
     original = linear(64, 32, torch.bfloat16)
     assert TiledInt4Linear(original, kernels)(torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 32)
     assert TiledInt8Head(original, kernels)(torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 32)
+    assert TiledInt8Linear(original, kernels)(torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 32)

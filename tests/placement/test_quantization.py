@@ -43,6 +43,20 @@ def test_each_device_gets_its_scheme(requested, device, dtype, accelerators, pla
 
 
 @pytest.mark.parametrize(
+    ("requested", "device", "dtype", "accelerators", "plan"),
+    [
+        ("auto", "cpu", "bfloat16", Accelerators(cpu_kernels=True), CPU_INT8),  # the file's blocks, as they are
+        ("auto", "cpu", "bfloat16", CPU_ONLY, CPU_INT4),  # aten's int8 has a scale per row: no gain in precision
+        ("auto", "cpu", "float32", Accelerators(cpu_kernels=True), QuantizationPlan("none")),
+        ("int4", "cpu", "bfloat16", Accelerators(cpu_kernels=True), CPU_INT4),  # asked for less
+        ("auto", "cuda", "bfloat16", HOPPER, QuantizationPlan("none")),
+    ],
+)
+def test_auto_keeps_a_q8_0_files_blocks_where_the_kernels_take_them(requested, device, dtype, accelerators, plan):
+    assert plan_quantization(requested, device, dtype, accelerators, source_blocks=True) == plan
+
+
+@pytest.mark.parametrize(
     ("requested", "device", "dtype", "accelerators", "message"),
     [
         (

@@ -192,7 +192,7 @@ RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}
                 "messages": [
                     *ASK,
                     {"role": "assistant", "content": [USE]},
-                    {"role": "user", "content": [RESULT, {"type": "text", "text": "and?"}]},
+                    {"role": "user", "content": [{"type": "text", "text": "and?"}, RESULT]},
                 ]
             },
             "messages[2].content[1]",

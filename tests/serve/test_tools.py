@@ -177,3 +177,18 @@ def test_bad_tool_requests_are_400s_naming_the_field(start_server, scripted, cha
     response = server.post({**HELLO_BODY, **changes})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_long_streamed_reply_with_tools_is_the_whole_replys_text(start_server, endless):
+    # Text that may begin a call is held back only while it may: streamed, a long reply of text is the same text.
+    server = start_server((endless[0], tool_tokenizer()), window=512)
+    asked = {"model": "tiny", "messages": ASK, "tools": TOOLS, "max_tokens": 200}
+    whole = server.client.chat.completions.create(**asked).choices[0].message.content
+    chunks = list(server.client.chat.completions.create(**asked, stream=True))
+    streamed = [chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices]
+    assert len(whole) > 200 and "".join(streamed) == whole
+    assert sum(1 for piece in streamed if piece) > 100  # sent as it came, not at the end
+    claude = [{"name": tool["function"]["name"], "input_schema": tool["function"]["parameters"]} for tool in TOOLS]
+    claude[0]["description"] = WEATHER_TOOL["function"]["description"]  # the same tools: the same prompt
+    with server.anthropic.messages.stream(model="tiny", max_tokens=200, messages=ASK, tools=claude) as stream:
+        assert "".join(stream.text_stream) == whole

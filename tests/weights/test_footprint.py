@@ -31,14 +31,15 @@ TABLE = 256 * 64  # the input embedding, and the output head as large
 NORMS = 2 * 2 * 64 + 64  # two per layer and the final one
 EMBEDDING = TABLE + TABLE // 32 * 2  # a quantized model's input embedding: int8, a float16 scale per 32
 
-# bfloat16: half a byte a weight and two float16 params per group of 32 of a row in int4; the head in int8,
-# with a float32 scale and an int32 sum per row; the input embedding in int8 blocks; the norms in bfloat16.
+# bfloat16: half a byte a weight and two float16 params per group of 32 of a row in int4 (a byte a weight and a
+# float16 scale per block of 32 in int8); the head in int8, with a float32 scale and an int32 sum per row; the
+# input embedding in int8 blocks; the norms in bfloat16.
 INT4_BF16 = LINEAR_WEIGHTS // 2 + LINEAR_WEIGHTS // 32 * 4 + (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
-INT8_BF16 = LINEAR_WEIGHTS + LINEAR_ROWS * 2 + (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
+INT8_BF16 = LINEAR_WEIGHTS + LINEAR_WEIGHTS // 32 * 2 + (TABLE + 256 * 8) + EMBEDDING + NORMS * 2
 
 
 def test_the_figures_are_counted_by_hand():
-    assert (LINEAR_WEIGHTS, LINEAR_ROWS, INT4_BF16, INT8_BF16) == (73_728, 1024, 82_560, 112_256)
+    assert (LINEAR_WEIGHTS, LINEAR_ROWS, INT4_BF16, INT8_BF16) == (73_728, 1024, 82_560, 114_816)
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,12 @@ def test_atens_int4_layers_keep_their_pairs_in_dtype_and_its_head_its_scales():
     assert weight_bytes(tiny_config("llama"), "float32", "int4", native=False) == float32
     bfloat16 = INT4_BF16 - 256 * 8 + 256 * 2
     assert weight_bytes(tiny_config("llama"), "bfloat16", "int4", native=False) == bfloat16
+
+
+def test_atens_int8_layers_keep_a_scale_in_dtype_per_row():
+    # Int8Linear and Int8Head where streamchat's kernels do not run: a byte a weight and a bfloat16 scale per row.
+    rows = LINEAR_WEIGHTS + LINEAR_ROWS * 2 + (TABLE + 256 * 2) + EMBEDDING + NORMS * 2
+    assert weight_bytes(tiny_config("llama"), "bfloat16", "int8", native=False) == rows
 
 
 def test_the_config_is_left_as_it_was():

@@ -9,6 +9,8 @@ int int4_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t 
               int64_t n, void *out, int out_bf16, int threads);
 int int8_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const int8_t *packed, const float *scales,
               const int32_t *sums, int64_t n, float *out, int threads);
+int int8_blocks(const void *x, int x_bf16, int64_t rows, int64_t k, const int8_t *packed, const uint16_t *scales,
+                int64_t n, void *out, int out_bf16, int threads);
 int decode_attention(const void *query, const void *keys, const void *values, const float *mask, void *out,
                      int64_t batch, int64_t kv_heads, int64_t groups, int64_t dim, int64_t value_dim, int64_t slots,
                      int64_t key_batch, int64_t key_head, int64_t value_batch, int64_t value_head, int64_t mask_batch,

@@ -10,7 +10,9 @@ Read: `model`, `max_tokens` (required, as Anthropic's), `system` (a string or te
 `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream`; `metadata` is accepted and
 unused. `tools` and `tool_choice`, tool_use blocks in a reply and tool_result blocks in the
 user message after it are read by streamchat.serve.apis.anthropic_tools; a reply's calls are its
-tool_use blocks, `stop_reason: "tool_use"`. Anything else (images, thinking, ...) is refused
+tool_use blocks, `stop_reason: "tool_use"`. That user message may hold text blocks after its
+tool_result blocks (an agent's reminder): one prompt turn, the results then the user's words,
+which the model answers once. Anything else (images, thinking, ...) is refused
 with a 400 that names it.
 
 Anthropic counts input apart from the cache: `input_tokens` are those read for this request,
@@ -43,6 +45,7 @@ from streamchat.serve.apis.request import (
     Limits,
     boolean_field,
     checked_text,
+    new_input,
     part_text,
     refuse_unknown,
     renamed_settings,
@@ -113,17 +116,18 @@ def messages_request(body: object, limits: Limits) -> ChatRequest:
     system = _system(body.get("system"), limits)
     history, prompt = _messages(body.get("messages"), limits)
     settings = renamed_settings(body, SETTING_NAMES)
+    text, results = new_input(prompt)
     return ChatRequest(
         model,
         system,
         history,
-        prompt["content"] if prompt["role"] == "user" else "",
+        text,
         boolean_field(body, "stream"),
         settings=settings,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        tool_results=prompt.get("tool_results"),
+        tool_results=results,
     )
 
 
@@ -138,7 +142,8 @@ def _system(value: object, limits: Limits) -> str | None:
 
 
 def _messages(value: object, limits: Limits) -> tuple[list[Message], Message]:
-    """The history before the new input, and that input: the user's message, or the tool results it holds."""
+    """The history before the new input, and that input: the user's message, or the tool results it holds (and the
+    text after them)."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if len(value) > limits.messages:
@@ -170,7 +175,8 @@ def _messages(value: object, limits: Limits) -> tuple[list[Message], Message]:
 
 def _message(role: Role, content: object, where: str, calls: list[ToolCall], limits: Limits) -> Message:
     """One message: its text (a string, or text blocks joined, as the chat API's parts); a reply's tool_use blocks
-    its calls; a user message after calls, their results (tool_result blocks, and nothing else)."""
+    its calls; a user message after calls, their results (tool_result blocks, then any text blocks: the user's
+    words after the results, in the same turn)."""
     blocks = content if isinstance(content, list) else None
     if blocks is None or not any(isinstance(b, dict) and b.get("type") in TOOL_BLOCKS for b in blocks):
         if calls:
@@ -186,14 +192,15 @@ def _message(role: Role, content: object, where: str, calls: list[ToolCall], lim
         if role == "assistant" and kind == "tool_use":
             made.append(tool_use_block(block, at, limits))
         elif role == "user" and kind == "tool_result":
+            if texts:  # as Anthropic's API: the results answer the reply first, the user's words follow them
+                raise ApiError(400, f"{at}: tool_result blocks come first in a message, before its text", param=at)
             results.append(tool_result_block(block, at, calls, results, limits))
-        elif role == "user" and kind is not None:
-            raise ApiError(400, f"{at}: a message of tool_result blocks may hold nothing else", param=at)
         else:
             texts += _text_blocks([block], at, numbered=False)
-    if role == "user":
-        return results_turn(results, calls, where)
-    return {"role": role, "content": checked_text("".join(texts), where, limits), "tool_calls": made}
+    text = checked_text("".join(texts), where, limits)
+    if role == "user":  # the results, then the user's words after them (agents send a reminder so): one turn
+        return results_turn(results, calls, where, text)
+    return {"role": role, "content": text, "tool_calls": made}
 
 
 def _text_blocks(blocks: list[Any], where: str, numbered: bool = True) -> list[str]:

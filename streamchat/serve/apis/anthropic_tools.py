@@ -17,6 +17,10 @@ what it was told continues the same conversation. Other ids (Mistral's nine lett
 come back as they are. A call's arguments are JSON text in the transcript and an object here:
 `input` is that text parsed, and an `input` sent back is written as the Turn wrote it (json.dumps),
 so that it reads the same.
+
+A tool_result's `is_error` is in its text as the model reads it ("Error: " before the content),
+and a user message may hold text blocks after its tool_result blocks: the user's words after the
+results, in the same turn (streamchat.conversation.message: a tool entry's `user_text`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ TOOL_RESULT_KEYS = frozenset({"type", "tool_use_id", "content", "is_error", "cac
 TEXT_KEYS = frozenset({"type", "text", "cache_control", "citations"})
 TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")  # as Anthropic
 OUR_PREFIX, THEIR_PREFIX = "call_", "toolu_"
+# Before the text of a tool_result whose `is_error` is true: the chat templates have no other way to say it.
+ERROR_PREFIX = "Error: "
 
 
 def told_id(call_id: str) -> str:
@@ -140,7 +146,7 @@ def tool_result_block(
     block: dict[str, Any], at: str, calls: list[ToolCall], results: list[ToolResult], limits: Limits
 ) -> ToolResult:
     """A tool_result block: the result of one of `calls` (the reply before it) not answered yet in `results`; its
-    content a string or text blocks (joined). `is_error` is accepted: the content says what went wrong."""
+    content a string or text blocks (joined). With `is_error`, the content is an error's (ERROR_PREFIX before it)."""
     _keys(block, TOOL_RESULT_KEYS, at)
     tool_use_id = block.get("tool_use_id")
     call_id = filed_id(tool_use_id) if isinstance(tool_use_id, str) else None
@@ -159,16 +165,22 @@ def tool_result_block(
                 raise ApiError(400, f"{where}: streamchat reads only text blocks in a tool_result", param=where)
             texts.append(part_text(part, where, TEXT_KEYS))
         content = "".join(texts)
-    return {"tool_call_id": str(call_id), "content": checked_text(content, f"{at}.content", limits)}
+    content = checked_text(content, f"{at}.content", limits)
+    if block.get("is_error"):
+        # Said in the text, where the model reads it; and here, where the block is read, so that the journal and the
+        # matching of a history resent hold what the model read.
+        content = f"{ERROR_PREFIX}{content}" if content else ERROR_PREFIX.rstrip(": ")
+    return {"tool_call_id": str(call_id), "content": content}
 
 
-def results_turn(results: list[ToolResult], calls: list[ToolCall], where: str) -> Message:
-    """A user message of tool_result blocks, as the transcript's tool entry: each of the reply's calls answered."""
+def results_turn(results: list[ToolResult], calls: list[ToolCall], where: str, text: str = "") -> Message:
+    """A user message of tool_result blocks (and `text`, its text blocks after them), as the transcript's tool
+    entry: each of the reply's calls answered."""
     answered = {result["tool_call_id"] for result in results}
     missing = [call["id"] for call in calls if call["id"] not in answered]
     if missing:
         raise ApiError(400, f"{where}: the tool_use {told_id(missing[0])!r} before it has no tool_result", param=where)
-    return tool_results_message(results)
+    return tool_results_message(results, text)
 
 
 # ---- what the server answers ---------------------------------------------------------------------

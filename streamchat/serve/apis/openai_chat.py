@@ -28,6 +28,7 @@ from streamchat.serve.apis.request import (
     boolean_field,
     encodable,
     json_format,
+    new_input,
     refuse_unknown,
     request_settings,
     whole_number,
@@ -88,11 +89,12 @@ def chat_request(body: object, limits: Limits) -> ChatRequest:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise ApiError(400, "'stream_options' may only hold include_usage", param="stream_options")
     include_usage = boolean_field(options or {}, "include_usage", "stream_options.include_usage")
+    text, results = new_input(prompt)
     return ChatRequest(
         model,
         system,
         history,
-        prompt["content"] if prompt["role"] == "user" else "",
+        text,
         stream,
         include_usage,
         request_settings(body),
@@ -101,7 +103,7 @@ def chat_request(body: object, limits: Limits) -> ChatRequest:
         tools,
         tool_choice,
         parallel is not False,
-        prompt.get("tool_results"),
+        results,
     )
 
 
@@ -141,7 +143,7 @@ def _logprobs(body: dict[str, Any]) -> int | None:
 
 def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message], Message]:
     """The system prompt, the history, and the new input (a user message, or the results of the last reply's tool
-    calls: the tool messages after it, one turn)."""
+    calls: the tool messages after it, and the user message after them where there is one, one turn)."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if len(value) > limits.messages:
@@ -167,8 +169,14 @@ def _messages(value: object, limits: Limits) -> tuple[str | None, list[Message],
             results.append(_tool_result(message, where, calls, results, limits))
             continue
         if results:
-            turns.append(_tool_turn(results, calls, called))
+            said = ""
+            if role == "user":  # the user's words after the results (an agent's reminder): the same turn
+                _only(message, {"role", "content", "name"}, where)
+                said = _content(message.get("content"), f"{where}.content", limits)
+            turns.append(_tool_turn(results, calls, called, said))
             results = []
+            if role == "user":
+                continue
         content = message.get("content")
         if role == "assistant" and message.get("tool_calls") is not None and content is None:
             content = ""  # a reply that only called tools
@@ -231,13 +239,14 @@ def _tool_result(
     return {"tool_call_id": str(call_id), "content": _content(message.get("content"), f"{where}.content", limits)}
 
 
-def _tool_turn(results: list[ToolResult], calls: list[ToolCall], called: str) -> Message:
-    """The tool messages after a reply, as one turn: each of its calls answered."""
+def _tool_turn(results: list[ToolResult], calls: list[ToolCall], called: str, text: str = "") -> Message:
+    """The tool messages after a reply, as one turn (with `text`, the user message after them): each of its calls
+    answered."""
     answered = {result["tool_call_id"] for result in results}
     missing = [call["id"] for call in calls if call["id"] not in answered]
     if missing:
         raise ApiError(400, f"{called}.tool_calls: the call {missing[0]!r} has no result", param=f"{called}.tool_calls")
-    return tool_results_message(results)
+    return tool_results_message(results, text)
 
 
 def _content(value: object, where: str, limits: Limits) -> str:

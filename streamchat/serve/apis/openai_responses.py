@@ -14,7 +14,8 @@ before them, each content a string or input_text / output_text parts), `instruct
 API's response_format does. `tools`, `tool_choice`, `parallel_tool_calls` and the input's
 function_call and function_call_output items are read by streamchat.serve.apis.responses_tools:
 consecutive function_call items (after an assistant message or not) are one reply's calls, the
-function_call_output items after them its results, and, last, the new input. A reply's calls are
+function_call_output items after them its results (with a user message after them, one turn:
+the results, then the user's words), and, last, the new input. A reply's calls are
 function_call output items, after a message item where it has text outside them. `reasoning` or
 any other field gets a 400 that names it.
 
@@ -46,6 +47,7 @@ from streamchat.serve.apis.request import (
     boolean_field,
     checked_text,
     held_format,
+    new_input,
     part_text,
     refuse_unknown,
     renamed_settings,
@@ -133,19 +135,19 @@ class ResponsesRequest:
                 param="input",
             )
         said = [*history, *self.turns]
-        prompt = said[-1]
+        text, results = new_input(said[-1])
         return ChatRequest(
             self.model,
             system,
             said[:-1],
-            prompt["content"] if prompt["role"] == "user" else "",
+            text,
             self.stream,
             settings=self.settings,
             json_format=self.json_format,
             tools=self.tools,
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
-            tool_results=prompt.get("tool_results") if prompt["role"] == "tool" else None,
+            tool_results=results,
         )
 
 

@@ -141,7 +141,10 @@ class HeldText:
     def add(self, delta: str) -> str:
         """The reply's next text: what of it may be sent now."""
         self.text += delta
-        start = None if self.family is None else call_start(self.family, self.text)
+        if self.family is None:  # no calls are read from this reply: nothing to hold, nothing to scan
+            self.sent += delta
+            return delta
+        start = call_start(self.family, self.text)
         ready = self.text if start is None else self.text[:start]
         if len(ready) <= len(self.sent) or not ready.startswith(self.sent):
             return ""

@@ -85,7 +85,7 @@ class ChatRequest:
     model: str | None
     system: str | None  # None: the server's own system prompt, if it has one
     history: list[Message]  # prompt turns (user, tool results) and replies before the new message, alternating
-    text: str  # the new user message ("" where the new input is tool results)
+    text: str  # the new user message (with tool_results: the user's words after them, "" for none)
     stream: bool = False
     include_usage: bool = False
     # The generation settings the request sets, typed; the rest are the server's.
@@ -100,10 +100,18 @@ class ChatRequest:
 
     @property
     def prompt(self) -> Message:
-        """The new input as a transcript message: the user's text, or the tool results."""
+        """The new input as a transcript message: the user's text, or the tool results (and the text after them)."""
         if self.tool_results is not None:
-            return tool_results_message(self.tool_results)
+            return tool_results_message(self.tool_results, self.text)
         return {"role": "user", "content": self.text}
+
+
+def new_input(prompt: Message) -> tuple[str, list[ToolResult] | None]:
+    """A request's last prompt turn as a ChatRequest holds it: its text (a tool entry's, the user's words after the
+    results), and its tool results (None: it is the user's message)."""
+    if prompt["role"] == "tool":
+        return prompt.get("user_text", ""), prompt.get("tool_results", [])
+    return prompt["content"], None
 
 
 class _TooLong:

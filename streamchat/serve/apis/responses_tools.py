@@ -163,8 +163,9 @@ def answered(results: list[ToolResult], wheres: list[str], calls: list[ToolCall]
 @dataclass
 class InputTurns:
     """The input's conversation, read item by item: a prompt turn (a user message, or the function_call_output
-    items answering the reply before) and a reply (an assistant message, its function_call items) alternating,
-    from the user's; or, `going_on` from a response, from the outputs of that response's calls."""
+    items answering the reply before, and the user message after them where there is one) and a reply (an
+    assistant message, its function_call items) alternating, from the user's; or, `going_on` from a response, from
+    the outputs of that response's calls."""
 
     going_on: bool
     turns: list[Message] = field(default_factory=list)
@@ -178,6 +179,9 @@ class InputTurns:
 
     def add_message(self, role: str, content: str, where: str) -> None:
         last = self.turns[-1] if self.turns else None
+        if role == "user" and last is not None and last["role"] == "tool" and "user_text" not in last:
+            last["user_text"] = content  # the user's words after the outputs (an agent's reminder): the same turn
+            return
         expected = "user" if last is None or last["role"] == "assistant" else "assistant"
         if role != expected:
             raise ApiError(
@@ -204,6 +208,10 @@ class InputTurns:
     def add_result(self, result: ToolResult, where: str) -> None:
         """A function_call_output: one of the results answering the reply before."""
         last = self.turns[-1] if self.turns else None
+        if last is not None and "user_text" in last:  # as the Messages API: the outputs first, then the words
+            raise ApiError(
+                400, f"{where}: function_call_output items come before the user's message after them", param=where
+            )
         if last is not None and last["role"] == "tool":
             last.setdefault("tool_results", []).append(result)
             self.wheres[-1].append(where)
@@ -228,7 +236,7 @@ class InputTurns:
                 raise ApiError(400, f"{where}: the function calls before it need their outputs", param=where)
             if turn["role"] == "tool":
                 results = turn.get("tool_results", [])
-                turns[at] = tool_results_message(results)  # its content: every result's
+                turns[at] = tool_results_message(results, turn.get("user_text", ""))  # its content: every result's
                 if at > 0:
                     answered(results, self.wheres[at], turns[at - 1].get("tool_calls", []), self.begun[at])
         return turns, tuple(self.wheres[0]) if turns[0]["role"] == "tool" else ()

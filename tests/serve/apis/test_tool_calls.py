@@ -84,3 +84,10 @@ def test_the_grammar_of_a_required_call_compiles(family):
     for name in (None, "get_time"):
         for parallel in (True, False):
             LarkFormat(tool_call_grammar(family, [WEATHER_TOOL, TIME_TOOL], name, parallel))
+
+
+def test_a_reply_without_tools_is_sent_as_it_comes():
+    held = HeldText(None)
+    deltas = ["Hi ", "<tool", "_call>", '{"name": "f"}', "</tool_call>", " "]
+    assert [held.add(delta) for delta in deltas] == deltas
+    assert held.rest(None) == "" and held.sent == held.text == "".join(deltas)
