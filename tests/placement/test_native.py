@@ -222,12 +222,13 @@ def test_int8_attention_reads_the_window_as_stored_as_torch_reads_it_widened(
     got = kernels.decode_attention_int8(query, window, mask, 0.125)
     assert got is not None and got.dtype == dtype and got.shape == (2, kv_heads, groups, dim)
     # Against the window widened in float64 (levels times scales, the sinks exact): the same numbers, summed in
-    # another order, then the output's rounding to the dtype.
+    # another order (on AVX2, 64-dim heads' scores on int16 queries: about 16 bits, 3e-5), then the output's
+    # rounding to the dtype.
     wide_keys = window.keys.double() * window.key_scales.double()
     wide_values = window.values.double() * window.value_scales.double()
     for row, count in enumerate(sinks):
         wide_keys[row, :, :count], wide_values[row, :, :count] = keys[row, :, :count], values[row, :, :count]
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-2
     expected = reference(query, wide_keys, wide_values, mask, 0.125)
     assert (got.double() - expected).norm() / expected.norm() < tolerance
     # Against the cache unquantized: within the int8 rounding of keys and values.

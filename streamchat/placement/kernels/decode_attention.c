@@ -36,16 +36,127 @@ static inline __attribute__((always_inline)) floats16 load_slot_16(const int int
     return int8 ? load_int8_16((const int8_t *)x + at) : load_16(x, bf16, at);
 }
 
+#if !defined(__AVX512F__)
+/* AVX2: an int8 cache's keys of 64 dims scored on integers. Each query row goes on int16 once (one step a row,
+   |q16| <= 32767: about 16 bits, as the products' kernels keep), each slot's levels are widened to int16 once for
+   all of the head's query rows, and a slot's 64 products summed by pairs in int32 (64 x 127 x 32767 fits); eight
+   slots' sums are reduced together, so no slot pays a horizontal sum of its own. Half the instructions of widening
+   each level to float32 for every query row, which left this kernel compute-bound at a full cache. */
+#define INT_SCORES 1
+#define INT_DIM 64
+
+/* The scores of slots [from, count) for every query row g (scores[g * CHUNK + i]), their largest raised into
+   largest[g]: levels times the row's int16 query, scaled by the slot's key scale and the row's step. */
+static void int8_scores_64(const int8_t *keys, const float *key_scales, const float *mask, int64_t from,
+                           int64_t count, int64_t groups, const float *query, float *scores, float *largest) {
+    int16_t q16[MAX_GROUPS * INT_DIM] __attribute__((aligned(32)));
+    float steps[MAX_GROUPS];
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 row[8], top = _mm256_setzero_ps();
+        for (int v = 0; v < 8; v++) top = _mm256_max_ps(top, _mm256_and_ps(row[v] = _mm256_loadu_ps(query + g * INT_DIM + 8 * v), magnitude));
+        __m128 four = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+        const float largest_q = _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
+        steps[g] = largest_q / 32767.0f;
+        const __m256 inverse = _mm256_set1_ps(largest_q > 0.0f ? 32767.0f / largest_q : 0.0f);
+        for (int v = 0; v < 8; v += 2) { /* packs works within 128-bit lanes: the permute restores the order */
+            __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(row[v], inverse));
+            __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(row[v + 1], inverse));
+            __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
+            _mm256_store_si256((__m256i *)(q16 + g * INT_DIM + 8 * v), both);
+        }
+    }
+    const __m256 hidden = _mm256_set1_ps(HIDDEN), minus_infinity = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = from; i < count; i += 8) {
+        const int64_t n = count - i < 8 ? count - i : 8;
+        __m256i partial[MAX_GROUPS][8];
+        for (int64_t j = 0; j < 8; j++) {
+            const int8_t *slot = keys + (i + (j < n ? j : 0)) * INT_DIM; /* past the chunk: slot i again, unused */
+            __m256i k[4];
+            for (int v = 0; v < 4; v++) k[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(slot + 16 * v)));
+            for (int64_t g = 0; g < groups; g++) {
+                const __m256i *q = (const __m256i *)(q16 + g * INT_DIM);
+                __m256i low = _mm256_add_epi32(_mm256_madd_epi16(k[0], q[0]), _mm256_madd_epi16(k[1], q[1]));
+                __m256i high = _mm256_add_epi32(_mm256_madd_epi16(k[2], q[2]), _mm256_madd_epi16(k[3], q[3]));
+                partial[g][j] = _mm256_add_epi32(low, high);
+            }
+        }
+        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 scales = _mm256_maskload_ps(key_scales + i, lanes);
+        const __m256 added = mask ? _mm256_maskload_ps(mask + i, lanes) : _mm256_setzero_ps();
+        /* a masked slot, or a lane past the chunk, scores -infinity */
+        const __m256 gone = _mm256_or_ps(_mm256_cmp_ps(added, hidden, _CMP_LE_OQ),
+                                         _mm256_xor_ps(_mm256_castsi256_ps(lanes), _mm256_castsi256_ps(_mm256_set1_epi32(-1))));
+        for (int64_t g = 0; g < groups; g++) {
+            __m256i *p = partial[g];
+            /* the eight slots' sums in slot order: pairs, then fours within 128-bit lanes, then the halves */
+            __m256i fours = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            __m256i more = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(fours, more, 0x20),
+                                            _mm256_permute2x128_si256(fours, more, 0x31));
+            __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scales, _mm256_set1_ps(steps[g])));
+            __m256 score = _mm256_blendv_ps(_mm256_add_ps(dots, added), minus_infinity, gone);
+            _mm256_maskstore_ps(scores + g * CHUNK + i, lanes, score);
+            __m128 four = _mm_max_ps(_mm256_castps256_ps128(score), _mm256_extractf128_ps(score, 1));
+            four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+            largest[g] = fmaxf(largest[g], _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four))));
+        }
+    }
+}
+
+/* The int8 values of slots [from, count) weighed into out[g * 64 ..] for `n` query rows from g0 (a constant
+   where inlined: their sums stay in registers), half the 64 dims at a time, each slot's levels widened once for
+   all of them. weights[g * CHUNK + i]: the softmax weight times the slot's value scale. */
+static inline __attribute__((always_inline)) void weigh_values_64(const int n, const int8_t *values,
+                                                                 const float *weights, int64_t g0, int64_t from,
+                                                                 int64_t count, float *out) {
+    for (int half = 0; half < 2; half++) {
+        __m256 acc[3][4];
+        for (int g = 0; g < n; g++)
+            for (int v = 0; v < 4; v++) acc[g][v] = _mm256_setzero_ps();
+        for (int64_t i = from; i < count; i++) {
+            const int8_t *slot = values + i * INT_DIM + 32 * half;
+            __m256 level[4];
+            for (int v = 0; v < 4; v++)
+                level[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(slot + 8 * v))));
+            for (int g = 0; g < n; g++) {
+                const __m256 weight = _mm256_broadcast_ss(weights + (g0 + g) * CHUNK + i);
+                for (int v = 0; v < 4; v++) acc[g][v] = _mm256_fmadd_ps(weight, level[v], acc[g][v]);
+            }
+        }
+        for (int g = 0; g < n; g++)
+            for (int v = 0; v < 4; v++) {
+                float *at = out + (g0 + g) * INT_DIM + 32 * half + 8 * v;
+                _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[g][v]));
+            }
+    }
+}
+
+/* weigh_values_64 for every query row, three at a time (what the registers hold). */
+static void int8_values_64(const int8_t *values, const float *weights, int64_t groups, int64_t from, int64_t count,
+                           float *out) {
+    for (int64_t g0 = 0; g0 < groups; g0 += 3) {
+        const int64_t n = groups - g0;
+        if (n >= 3) weigh_values_64(3, values, weights, g0, from, count, out);
+        else if (n == 2) weigh_values_64(2, values, weights, g0, from, count, out);
+        else weigh_values_64(1, values, weights, g0, from, count, out);
+    }
+}
+#else
+#define INT_SCORES 0
+#endif
+
 /* A chunk of one head's slots: its maximum score, softmax sum and unnormalised output per query row.
-   Each query row goes over the chunk on its own (the chunk's keys and values stay in cache between rows),
-   so that its dot products and its output sit in registers: dim_vectors, value_vectors and int8 are
-   constants where this is inlined (attend_chunk's cases). In an int8 cache the chunk's first `exact`
-   slots are the row's sinks, read from their copies. */
+   The scores of every query row come first, each row going over the chunk on its own (the chunk's keys stay in
+   cache between rows) so that its dot products sit in registers; then each row's softmax and output, likewise.
+   dim_vectors, value_vectors and int8 are constants where this is inlined (attend_chunk's cases). In an int8
+   cache the chunk's first `exact` slots are the row's sinks, read from their copies. */
 static inline __attribute__((always_inline)) void attend_chunk_with(
     const int64_t dim_vectors, const int64_t value_vectors, const int int8, const AttentionCache *c,
     const float *query, int64_t b, int64_t h, int64_t first, int64_t count, float *maximum, float *total,
     float *out) {
-    float scores[CHUNK];
+    float scores_of[MAX_GROUPS * CHUNK];
     const int64_t key_at = b * c->key_batch + h * c->key_head + first * c->dim;
     const int64_t value_at = b * c->value_batch + h * c->value_head + first * c->value_dim;
     const float *mask = c->mask ? c->mask + b * c->mask_batch + first : NULL;
@@ -59,7 +170,9 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
         value_scales = c->value_scales + b * c->scale_batch + h * c->scale_head + first;
         sink_at = b * c->sink_batch + h * c->sink_head + first * c->dim;
     }
+    const int int_scores = INT_SCORES && int8 && dim_vectors == 4, int_values = INT_SCORES && int8 && value_vectors == 4;
     for (int64_t g = 0; g < c->groups; g++) {
+        float *scores = scores_of + g * CHUNK;
         floats16 q[MAX_DIM / 16];
         for (int64_t d = 0; d < dim_vectors; d++) q[d] = loadu_16(query + g * c->dim + 16 * d);
         float largest = -INFINITY;
@@ -72,7 +185,7 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
             scores[i] = score;
             largest = score > largest ? score : largest;
         }
-        for (int64_t i = exact; i < count; i++) {
+        for (int64_t i = int_scores ? count : exact; i < count; i++) {
             floats16 dot = zeros_16();
             for (int64_t d = 0; d < dim_vectors; d++)
                 dot = fmadd_16(q[d], load_slot_16(int8, c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);
@@ -83,6 +196,15 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
             largest = score > largest ? score : largest;
         }
         maximum[g] = largest;
+    }
+#if INT_SCORES
+    if (int_scores)
+        int8_scores_64((const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
+                       maximum);
+#endif
+    for (int64_t g = 0; g < c->groups; g++) {
+        float *scores = scores_of + g * CHUNK;
+        const float largest = maximum[g];
         floats16 acc[MAX_DIM / 16];
         for (int64_t d = 0; d < value_vectors; d++) acc[d] = zeros_16();
         float sum = 0.0f;
@@ -99,16 +221,21 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
                     acc[d] = fmadd_16(weight, load_16(c->sink_values, c->bf16, sink_at + i * c->value_dim + 16 * d),
                                       acc[d]);
             }
-            for (int64_t i = exact; i < count; i++) {
+            for (int64_t i = exact; i < count && !int_values; i++) {
                 floats16 weight = splat_16(int8 ? scores[i] * value_scales[i] : scores[i]);
                 for (int64_t d = 0; d < value_vectors; d++)
                     acc[d] = fmadd_16(weight, load_slot_16(int8, c->values, c->bf16, value_at + i * c->value_dim + 16 * d),
                                       acc[d]);
             }
         }
+        for (int64_t i = exact; i < count && int_values; i++)  /* int8_values_64's weights; none for a row all masked */
+            scores[i] = largest == -INFINITY ? 0.0f : scores[i] * value_scales[i];
         total[g] = sum;
         for (int64_t d = 0; d < value_vectors; d++) storeu_16(out + g * c->value_dim + 16 * d, acc[d]);
     }
+#if INT_SCORES
+    if (int_values) int8_values_64((const int8_t *)c->values + value_at, scores_of, c->groups, exact, count, out);
+#endif
 }
 
 static void attend_chunk(const AttentionCache *c, const float *query, int64_t b, int64_t h, int64_t first,
