@@ -82,8 +82,7 @@ def ppl(
         runs = bench.run_policies(loaded.model, ids, chosen_policies, sizes, stderr)
         rows = bench.summary_rows(runs, sizes)
         title = (
-            f"Perplexity: {escape(loaded.name)} ({loaded.precision}) on {escape(text.name)}, "
-            f"{sizes.tokens:,} tokens, "
+            f"Perplexity: {escape(loaded.name)} ({loaded.precision}) on {escape(text.name)}, {sizes.tokens:,} tokens, "
             f"cache {sizes.sinks}+{sizes.window}, chunk {sizes.chunk} (dense {bench.DENSE_CHUNK})"
         )
         return Report(
@@ -206,6 +205,7 @@ def recall(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
     quick: options.QuickOption = False,
 ) -> None:
@@ -220,7 +220,7 @@ def recall(
         shipped, distractors = shipped_facts()
         chosen, distractors = shipped[: sizes.facts], distractors[: sizes.distractors]
         questions = filler_questions(filler)
-        loaded = ModelChoice(model, device, dtype, quantize).bench_model()
+        loaded = ModelChoice(model, device, dtype, quantize, kv_cache=kv_cache).bench_model()
         run = bench.RecallBench(
             loaded.model, loaded.tokenizer, sizes, on_step=lambda step: stderr.print(step, highlight=False)
         )
@@ -255,12 +255,13 @@ def display(
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quantize: QuantizeOption = None,
+    kv_cache: KvCacheOption = None,
     out: options.OutOption = options.DEFAULT_OUT,
 ) -> None:
     """Decode speed of the chat app (live Rich display) against the engine alone, side by side."""
     from streamchat.bench import display_overhead as bench
 
-    choice = ModelChoice(model, device, dtype, quantize)
+    choice = ModelChoice(model, device, dtype, quantize, kv_cache=kv_cache)
 
     def sizes() -> bench.DisplaySizes:
         # No --quick sizes to fall back on; the window as `run` reads it (also the environment, the config file).
@@ -297,11 +298,10 @@ def decode(
 ) -> None:
     """Decode speed of streamchat, eager and compiled, against transformers' generate(), llama.cpp and the limit.
 
-    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given), eager
-    and compiled, and on CPU in float32 unquantized (unless --no-baseline, or where its weights would not
-    fit in the memory available: the table says which); generate() with a StaticCache on each;
-    llama.cpp on the same GGUF when llama-cpp-python is installed. Greedy, same prompt,
-    trials alternating between rows.
+    Rows: streamchat as `run` loads the model (or with the --dtype and --quantize given), eager and compiled, and on
+    CPU in float32 unquantized (unless --no-baseline, or where its weights would not fit in the memory available: the
+    table says which); generate() with a StaticCache on each; llama.cpp on the same GGUF when llama-cpp-python is
+    installed. Greedy, same prompt, trials alternating between rows.
     """
     from streamchat.bench import decode as bench
     from streamchat.loading.conversion import use_compile_cache

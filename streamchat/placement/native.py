@@ -303,8 +303,8 @@ def _checks_out(kernels: NativeKernels) -> bool:
     block_scales = torch.rand(2, 2, TILE, generator=generator).half()  # [tiles, blocks, 16]
     scaled_sums = rows.view(3, 2, 32).sum(dim=-1) @ block_scales.float().permute(1, 0, 2).reshape(2, 32)
     int8_agrees = int8_agrees and _close(kernels.int8_blocks(rows, ones, block_scales), scaled_sums)
-    query = torch.randn(2, 2, 3, 32, generator=generator)  # [batch, kv heads, groups, dim]
-    keys, values = (torch.randn(2, 2, 9, 32, generator=generator) for _ in "kv")
+    query = torch.randn(2, 2, 3, 64, generator=generator)  # [batch, kv heads, groups, dim]; 64: AVX2's int8 scoring
+    keys, values = (torch.randn(2, 2, 9, 64, generator=generator) for _ in "kv")
     mask = torch.zeros(2, 1, 1, 9)
     mask[1, ..., :4] = torch.finfo(torch.float32).min
     expected = torch.softmax(query @ keys.transpose(-1, -2) * 0.5 + mask, dim=-1) @ values

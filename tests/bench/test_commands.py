@@ -199,6 +199,15 @@ def test_display_writes_the_table_and_the_csv(tiny_model_dir, tmp_path):
     assert all(float(row["engine"]) > 0 and float(row["app"]) > 0 for row in rows)
 
 
+@pytest.mark.parametrize("bench", ["ppl", "speed", "keep", "recall", "display", "decode", "serve"])
+def test_every_bench_that_runs_a_model_takes_the_kv_cache_format(bench, text_file):
+    # Checked as run checks it, before a model loads (the model named here does not exist).
+    needed = {"ppl": ("--text", str(text_file)), "keep": ("--transcript", str(text_file), "--turns", "1")}
+    result = invoke(bench, *needed.get(bench, ()), "--model", "no-such-model", "--kv-cache", "q8")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: --kv-cache q8: must be one of auto, full, int8"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
