@@ -51,16 +51,22 @@ def journaled(server: Any, conversation: str) -> list[Message]:
     return read_session(server.sessions / f"{conversation}.jsonl").messages
 
 
-def test_anthropic_tool_results_then_text_are_one_turn_and_a_resend_reads_only_its_new_message(
-    start_server, tool_model
-):
-    server = start_server(tool_model)
+def claude_called(server: Any) -> tuple[list[dict[str, Any]], Any, str]:
+    """The question through the Anthropic client, the scripted model's tool_use block answering it, and the
+    conversation it was filed under."""
     ask = [{"role": "user", "content": ASK}]
     raw = server.anthropic.messages.with_raw_response.create(
         model="tiny", max_tokens=40, messages=ask, tools=CLAUDE_TOOLS
     )
     (block,) = raw.parse().content
-    conversation = raw.headers[NAMING_HEADER]
+    return ask, block, raw.headers[NAMING_HEADER]
+
+
+def test_anthropic_tool_results_then_text_are_one_turn_and_a_resend_reads_only_its_new_message(
+    start_server, tool_model
+):
+    server = start_server(tool_model)
+    ask, block, conversation = claude_called(server)
     result = {"type": "tool_result", "tool_use_id": block.id, "content": "Sunny"}
     history = [
         *ask,
@@ -96,12 +102,7 @@ def test_anthropic_tool_results_then_text_are_one_turn_and_a_resend_reads_only_i
 
 def test_anthropic_is_error_is_said_in_the_result_the_model_reads(start_server, tool_model):
     server = start_server(tool_model)
-    ask = [{"role": "user", "content": ASK}]
-    raw = server.anthropic.messages.with_raw_response.create(
-        model="tiny", max_tokens=40, messages=ask, tools=CLAUDE_TOOLS
-    )
-    (block,) = raw.parse().content
-    conversation = raw.headers[NAMING_HEADER]
+    ask, block, conversation = claude_called(server)
     failed = {"type": "tool_result", "tool_use_id": block.id, "content": "no such city", "is_error": True}
     history = [
         *ask,

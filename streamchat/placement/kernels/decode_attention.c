@@ -54,7 +54,10 @@ static void int8_scores_64(const int8_t *keys, const float *key_scales, const fl
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int64_t g = 0; g < groups; g++) {
         __m256 row[8], top = _mm256_setzero_ps();
-        for (int v = 0; v < 8; v++) top = _mm256_max_ps(top, _mm256_and_ps(row[v] = _mm256_loadu_ps(query + g * INT_DIM + 8 * v), magnitude));
+        for (int v = 0; v < 8; v++) {
+            row[v] = _mm256_loadu_ps(query + g * INT_DIM + 8 * v);
+            top = _mm256_max_ps(top, _mm256_and_ps(row[v], magnitude));
+        }
         __m128 four = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
         four = _mm_max_ps(four, _mm_movehl_ps(four, four));
         const float largest_q = _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
@@ -86,8 +89,8 @@ static void int8_scores_64(const int8_t *keys, const float *key_scales, const fl
         const __m256 scales = _mm256_maskload_ps(key_scales + i, lanes);
         const __m256 added = mask ? _mm256_maskload_ps(mask + i, lanes) : _mm256_setzero_ps();
         /* a masked slot, or a lane past the chunk, scores -infinity */
-        const __m256 gone = _mm256_or_ps(_mm256_cmp_ps(added, hidden, _CMP_LE_OQ),
-                                         _mm256_xor_ps(_mm256_castsi256_ps(lanes), _mm256_castsi256_ps(_mm256_set1_epi32(-1))));
+        const __m256 past = _mm256_xor_ps(_mm256_castsi256_ps(lanes), _mm256_castsi256_ps(_mm256_set1_epi32(-1)));
+        const __m256 gone = _mm256_or_ps(_mm256_cmp_ps(added, hidden, _CMP_LE_OQ), past);
         for (int64_t g = 0; g < groups; g++) {
             __m256i *p = partial[g];
             /* the eight slots' sums in slot order: pairs, then fours within 128-bit lanes, then the halves */
@@ -170,7 +173,8 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
         value_scales = c->value_scales + b * c->scale_batch + h * c->scale_head + first;
         sink_at = b * c->sink_batch + h * c->sink_head + first * c->dim;
     }
-    const int int_scores = INT_SCORES && int8 && dim_vectors == 4, int_values = INT_SCORES && int8 && value_vectors == 4;
+    const int int_scores = INT_SCORES && int8 && dim_vectors == 4;
+    const int int_values = INT_SCORES && int8 && value_vectors == 4;
     for (int64_t g = 0; g < c->groups; g++) {
         float *scores = scores_of + g * CHUNK;
         floats16 q[MAX_DIM / 16];

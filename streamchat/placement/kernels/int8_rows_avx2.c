@@ -11,55 +11,24 @@
    FLUSH_QUADS quads is summed in int32 (64 x 4 x 2 x 127 x 32767 fits), then added up in float32. */
 #if !defined(__AVX512F__)
 #include <stdlib.h>
-#include <string.h>
 
+#include "int16_rows.h"
 #include "kernels.h"
 #include "vectors.h"
 
 #define TILE 16
-#define ROW_BLOCK 4
-#define LEVELS 32767.0f
 #define FLUSH_QUADS 64
 
-/* A row as int16 levels; returns its step. k a multiple of 16. */
-static float quantize_row(const void *x, int x_bf16, int64_t k, int64_t at, int16_t *levels) {
-    floats16 largest = zeros_16();
-    for (int64_t i = 0; i < k; i += 16) largest = max_16(largest, abs_16(load_16(x, x_bf16, at + i)));
-    float step = largest_16(largest) / LEVELS;
-    const floats16 inverse = splat_16(step > 0.0f ? 1.0f / step : 0.0f);
-    for (int64_t i = 0; i < k; i += 16) {
-        _mm256_storeu_si256((__m256i *)(levels + i), int16_16(mul_16(load_16(x, x_bf16, at + i), inverse)));
-    }
-    return step;
-}
-
-/* Eight outputs' sums from two quarters' pair sums: quarter q holds outputs 4 q .. 4 q + 3, two int32 each. */
-static inline __m256 outputs_8(__m256i first, __m256i second) {
-    /* hadd pairs within 128-bit lanes (outputs 0 1 4 5 | 2 3 6 7); the permute restores their order */
-    return _mm256_cvtepi32_ps(_mm256_permute4x64_epi64(_mm256_hadd_epi32(first, second), 0xD8));
-}
-
-/* One tile's 16 outputs for `rows` (<= ROW_BLOCK) rows; `rows` is a constant where this is inlined. */
+/* One tile's 16 outputs for `rows` (<= INT16_ROW_BLOCK) rows; `rows` is a constant where this is inlined. */
 static inline __attribute__((always_inline)) void tile_rows(const int rows, int64_t k, const int8_t *packed,
                                                             const int16_t *levels, floats16 *sums) {
     for (int r = 0; r < rows; r++) sums[r] = zeros_16();
     for (int64_t first = 0; first < k / 4; first += FLUSH_QUADS) {
         const int64_t last = first + FLUSH_QUADS < k / 4 ? first + FLUSH_QUADS : k / 4;
-        __m256i pairs[ROW_BLOCK][4];
+        __m256i pairs[INT16_ROW_BLOCK][4];
         for (int r = 0; r < rows; r++)
             for (int q = 0; q < 4; q++) pairs[r][q] = _mm256_setzero_si256();
-        for (int64_t quad = first; quad < last; quad++) {
-            __m256i weights[4]; /* outputs 4 q .. 4 q + 3, their 4 inputs each, widened to int16 */
-            for (int q = 0; q < 4; q++)
-                weights[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(packed + quad * 64 + 16 * q)));
-            for (int r = 0; r < rows; r++) {
-                int64_t four;
-                memcpy(&four, levels + r * k + 4 * quad, sizeof four);
-                const __m256i inputs = _mm256_set1_epi64x(four);
-                for (int q = 0; q < 4; q++)
-                    pairs[r][q] = _mm256_add_epi32(pairs[r][q], _mm256_madd_epi16(weights[q], inputs));
-            }
-        }
+        add_quads(rows, packed, levels, k, first, last, pairs);
         for (int r = 0; r < rows; r++) {
             sums[r].low = _mm256_add_ps(sums[r].low, outputs_8(pairs[r][0], pairs[r][1]));
             sums[r].high = _mm256_add_ps(sums[r].high, outputs_8(pairs[r][2], pairs[r][3]));
@@ -73,27 +42,23 @@ typedef void (*tile_function)(int64_t, const int8_t *, const int16_t *, floats16
         tile_rows(n, k, packed, levels, sums);                                                        \
     }
 TILE_ROWS(1) TILE_ROWS(2) TILE_ROWS(3) TILE_ROWS(4)
-static const tile_function TILE_ROWS_OF[ROW_BLOCK + 1] = {0, tile_rows_1, tile_rows_2, tile_rows_3, tile_rows_4};
+static const tile_function TILE_ROWS_OF[INT16_ROW_BLOCK + 1] = {0, tile_rows_1, tile_rows_2, tile_rows_3, tile_rows_4};
 
 /* As int8_rows.c's: weight_sums is not needed here. */
 int int8_rows(const void *x, int x_bf16, int64_t rows, int64_t k, const int8_t *packed, const float *scales,
               const int32_t *weight_sums, int64_t n, float *out, int threads) {
     (void)weight_sums;
     if (rows == 0) return 0;
-    int16_t *levels = malloc(sizeof(int16_t) * rows * k);
-    float *steps = malloc(sizeof(float) * rows);
-    if (!levels || !steps) {
-        free(levels), free(steps);
-        return 1;
-    }
-    for (int64_t r = 0; r < rows; r++) steps[r] = quantize_row(x, x_bf16, k, r * k, levels + r * k);
+    int16_t *levels;
+    float *steps;
+    if (int16_rows(x, x_bf16, rows, k, &levels, &steps)) return 1;
     const int64_t tiles = n / TILE;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
-        floats16 sums[ROW_BLOCK];
+        floats16 sums[INT16_ROW_BLOCK];
         const floats16 scale = loadu_16(scales + t * TILE);
-        for (int64_t first = 0; first < rows; first += ROW_BLOCK) {
-            int block = rows - first < ROW_BLOCK ? (int)(rows - first) : ROW_BLOCK;
+        for (int64_t first = 0; first < rows; first += INT16_ROW_BLOCK) {
+            int block = rows - first < INT16_ROW_BLOCK ? (int)(rows - first) : INT16_ROW_BLOCK;
             TILE_ROWS_OF[block](k, packed + t * k * TILE, levels + first * k, sums);
             for (int r = 0; r < block; r++)
                 storeu_16(out + (first + r) * n + t * TILE, mul_16(sums[r], mul_16(scale, splat_16(steps[first + r]))));
