@@ -151,9 +151,10 @@ def _grid(data: np.ndarray, ggml_type: int, rows: int, columns: int) -> Int4Grid
 
 def _int8_blocks(data: np.ndarray, rows: int, columns: int) -> Int8Blocks:
     """Q8_0 blocks [rows, columns / 32] as Int8Blocks, value for value."""
-    blocks = data.reshape(rows, columns // INT8_BLOCK, 2 + INT8_BLOCK)  # [rows, blocks, block bytes]
-    scale = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0]  # [rows, blocks]
-    levels = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, columns)
+    header = _GRID_HEADER[_Q8_0]
+    blocks = data.reshape(rows, columns // INT8_BLOCK, header + INT8_BLOCK)  # [rows, blocks, block bytes]
+    scale = np.ascontiguousarray(blocks[..., 0:header]).view(np.float16)[..., 0]  # [rows, blocks]
+    levels = np.ascontiguousarray(blocks[..., header:]).view(np.int8).reshape(rows, columns)
     return Int8Blocks(torch.from_numpy(levels), torch.from_numpy(scale))
 
 

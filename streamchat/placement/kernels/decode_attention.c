@@ -37,6 +37,8 @@ static inline __attribute__((always_inline)) floats16 load_slot_16(const int int
 }
 
 #if !defined(__AVX512F__)
+#include "int16_rows.h"
+
 /* AVX2: an int8 cache's keys of 64 dims scored on integers. Each query row goes on int16 once (one step a row,
    |q16| <= 32767: about 16 bits, as the products' kernels keep), each slot's levels are widened to int16 once for
    all of the head's query rows, and a slot's 64 products summed by pairs in int32 (64 x 127 x 32767 fits); eight
@@ -51,25 +53,8 @@ static void int8_scores_64(const int8_t *keys, const float *key_scales, const fl
                            int64_t count, int64_t groups, const float *query, float *scores, float *largest) {
     int16_t q16[MAX_GROUPS * INT_DIM] __attribute__((aligned(32)));
     float steps[MAX_GROUPS];
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int64_t g = 0; g < groups; g++) {
-        __m256 row[8], top = _mm256_setzero_ps();
-        for (int v = 0; v < 8; v++) {
-            row[v] = _mm256_loadu_ps(query + g * INT_DIM + 8 * v);
-            top = _mm256_max_ps(top, _mm256_and_ps(row[v], magnitude));
-        }
-        __m128 four = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        four = _mm_max_ps(four, _mm_movehl_ps(four, four));
-        const float largest_q = _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
-        steps[g] = largest_q / 32767.0f;
-        const __m256 inverse = _mm256_set1_ps(largest_q > 0.0f ? 32767.0f / largest_q : 0.0f);
-        for (int v = 0; v < 8; v += 2) { /* packs works within 128-bit lanes: the permute restores the order */
-            __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(row[v], inverse));
-            __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(row[v + 1], inverse));
-            __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
-            _mm256_store_si256((__m256i *)(q16 + g * INT_DIM + 8 * v), both);
-        }
-    }
+    for (int64_t g = 0; g < groups; g++)
+        steps[g] = quantize_row_int16(query, 0, INT_DIM, g * INT_DIM, q16 + g * INT_DIM); /* a query row, as a row */
     const __m256 hidden = _mm256_set1_ps(HIDDEN), minus_infinity = _mm256_set1_ps(-INFINITY);
     for (int64_t i = from; i < count; i += 8) {
         const int64_t n = count - i < 8 ? count - i : 8;
@@ -189,7 +174,7 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
             scores[i] = score;
             largest = score > largest ? score : largest;
         }
-        for (int64_t i = int_scores ? count : exact; i < count; i++) {
+        for (int64_t i = exact; i < count && !int_scores; i++) { /* int8_scores_64's, where it scores them */
             floats16 dot = zeros_16();
             for (int64_t d = 0; d < dim_vectors; d++)
                 dot = fmadd_16(q[d], load_slot_16(int8, c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);

@@ -45,7 +45,6 @@ from streamchat.serve.apis.request import (
     Limits,
     boolean_field,
     checked_text,
-    new_input,
     part_text,
     refuse_unknown,
     renamed_settings,
@@ -116,18 +115,16 @@ def messages_request(body: object, limits: Limits) -> ChatRequest:
     system = _system(body.get("system"), limits)
     history, prompt = _messages(body.get("messages"), limits)
     settings = renamed_settings(body, SETTING_NAMES)
-    text, results = new_input(prompt)
     return ChatRequest(
         model,
         system,
         history,
-        text,
+        prompt,
         boolean_field(body, "stream"),
         settings=settings,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        tool_results=results,
     )
 
 

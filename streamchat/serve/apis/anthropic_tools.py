@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from streamchat.conversation.message import Message, ToolCall, ToolResult, tool_results_message
-from streamchat.serve.apis.openai_tools import FUNCTION_NAME, MAX_TOOLS, tool_name
+from streamchat.serve.apis.openai_tools import FUNCTION_NAME, listed_tools, tool_name
 from streamchat.serve.apis.request import ApiError, Limits, checked_text, part_text
 
 CHOICE_TYPES = ("auto", "any", "tool", "none")
@@ -59,12 +59,11 @@ def filed_id(tool_use_id: str) -> str:
 def tools_field(value: object) -> list[dict[str, Any]] | None:
     """The request's tools (`{"name", "description", "input_schema"}`), as the chat API's function specs; None for
     none (or [])."""
-    if value is None or value == []:
+    tools = listed_tools(value, "tools")
+    if tools is None:
         return None
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise ApiError(400, f"'tools' must be a list of up to {MAX_TOOLS} tools", param="tools")
     specs: list[dict[str, Any]] = []
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
             raise ApiError(400, f'{where} must be {{"name", "description", "input_schema"}}', param=where)

@@ -28,7 +28,6 @@ from streamchat.serve.apis.request import (
     boolean_field,
     encodable,
     json_format,
-    new_input,
     refuse_unknown,
     request_settings,
     whole_number,
@@ -89,12 +88,11 @@ def chat_request(body: object, limits: Limits) -> ChatRequest:
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise ApiError(400, "'stream_options' may only hold include_usage", param="stream_options")
     include_usage = boolean_field(options or {}, "include_usage", "stream_options.include_usage")
-    text, results = new_input(prompt)
     return ChatRequest(
         model,
         system,
         history,
-        text,
+        prompt,
         stream,
         include_usage,
         request_settings(body),
@@ -103,7 +101,6 @@ def chat_request(body: object, limits: Limits) -> ChatRequest:
         tools,
         tool_choice,
         parallel is not False,
-        results,
     )
 
 

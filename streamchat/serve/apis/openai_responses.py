@@ -47,7 +47,6 @@ from streamchat.serve.apis.request import (
     boolean_field,
     checked_text,
     held_format,
-    new_input,
     part_text,
     refuse_unknown,
     renamed_settings,
@@ -135,19 +134,17 @@ class ResponsesRequest:
                 param="input",
             )
         said = [*history, *self.turns]
-        text, results = new_input(said[-1])
         return ChatRequest(
             self.model,
             system,
             said[:-1],
-            text,
+            said[-1],
             self.stream,
             settings=self.settings,
             json_format=self.json_format,
             tools=self.tools,
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
-            tool_results=results,
         )
 
 

@@ -28,15 +28,24 @@ FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # as OpenAI
 CHOICES = ("none", "auto", "required")
 
 
-def tools_field(value: object) -> list[dict[str, Any]] | None:
-    """The request's tools, each `{"type": "function", "function": {"name", "description", "parameters",
-    "strict"}}` as sent; None for none (or [])."""
+def listed_tools(value: object, kind: str) -> list[Any] | None:
+    """A request's `tools`, checked to be a list of up to MAX_TOOLS (`kind`, as the API calls them); None for none
+    (or []). Each API's reader checks the items."""
     if value is None or value == []:
         return None
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise ApiError(400, f"'tools' must be a list of up to {MAX_TOOLS} functions", param="tools")
+        raise ApiError(400, f"'tools' must be a list of up to {MAX_TOOLS} {kind}", param="tools")
+    return value
+
+
+def tools_field(value: object) -> list[dict[str, Any]] | None:
+    """The request's tools, each `{"type": "function", "function": {"name", "description", "parameters",
+    "strict"}}` as sent; None for none (or [])."""
+    tools = listed_tools(value, "functions")
+    if tools is None:
+        return None
     names: set[str] = set()
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or set(tool) != {"type", "function"}:
             raise ApiError(400, f'{where} must be {{"type": "function", "function": {{...}}}}', param=where)
@@ -51,7 +60,7 @@ def tools_field(value: object) -> list[dict[str, Any]] | None:
             raise ApiError(400, f"{where}.parameters must be a JSON schema (an object)", param=f"{where}.parameters")
         if not isinstance(function.get("strict", False), bool):
             raise ApiError(400, f"{where}.strict must be true or false", param=f"{where}.strict")
-    return value
+    return tools
 
 
 def tool_name(name: object, where: str, taken: Collection[str]) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamchat import defaults
-from streamchat.conversation.message import Message, ToolResult, tool_results_message
+from streamchat.conversation.message import Message, ToolResult
 from streamchat.errors import ConfigError
 from streamchat.generation.constraint import JsonFormat
 from streamchat.generation.settings import MAX_SEED, SAMPLING_RULES, GenerationChanges
@@ -80,12 +80,14 @@ class Limits:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A chat completion request, checked: the conversation so far, the new user message, how to answer."""
+    """A chat completion request, checked: the conversation so far, the new input, how to answer."""
 
     model: str | None
     system: str | None  # None: the server's own system prompt, if it has one
-    history: list[Message]  # prompt turns (user, tool results) and replies before the new message, alternating
-    text: str  # the new user message (with tool_results: the user's words after them, "" for none)
+    history: list[Message]  # prompt turns (user, tool results) and replies before the new input, alternating
+    # The new input as the transcript holds it: the user's message, or the results of the last reply's calls (a
+    # tool entry, with the user's words after them where there are some).
+    prompt: Message
     stream: bool = False
     include_usage: bool = False
     # The generation settings the request sets, typed; the rest are the server's.
@@ -96,22 +98,16 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None  # the conversation's tools (OpenAI's function specs), in its first turn
     tool_choice: str = "none"  # "none" (no calls read), "auto", "required", or the one tool's name the reply calls
     parallel_tool_calls: bool = True
-    tool_results: list[ToolResult] | None = None  # the new input: the results of the last reply's calls, not text
 
     @property
-    def prompt(self) -> Message:
-        """The new input as a transcript message: the user's text, or the tool results (and the text after them)."""
-        if self.tool_results is not None:
-            return tool_results_message(self.tool_results, self.text)
-        return {"role": "user", "content": self.text}
+    def text(self) -> str:
+        """The user's words: the new message, or those sent after the tool results ("" for none)."""
+        return self.prompt.get("user_text", "") if self.prompt["role"] == "tool" else self.prompt["content"]
 
-
-def new_input(prompt: Message) -> tuple[str, list[ToolResult] | None]:
-    """A request's last prompt turn as a ChatRequest holds it: its text (a tool entry's, the user's words after the
-    results), and its tool results (None: it is the user's message)."""
-    if prompt["role"] == "tool":
-        return prompt.get("user_text", ""), prompt.get("tool_results", [])
-    return prompt["content"], None
+    @property
+    def tool_results(self) -> list[ToolResult] | None:
+        """The results of the last reply's calls the new input hands it; None: the input is a user message."""
+        return self.prompt.get("tool_results", []) if self.prompt["role"] == "tool" else None
 
 
 class _TooLong:

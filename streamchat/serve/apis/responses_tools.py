@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamchat.conversation.message import Message, ToolCall, ToolResult, is_prompt, tool_results_message
-from streamchat.serve.apis.openai_tools import FUNCTION_NAME, MAX_TOOLS, tool_name
+from streamchat.serve.apis.openai_tools import FUNCTION_NAME, listed_tools, tool_name
 from streamchat.serve.apis.request import ApiError, Limits, checked_text, part_text
 
 TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
@@ -45,12 +45,11 @@ def _extra(item: dict[str, Any], keys: frozenset[str], at: str) -> None:
 
 def tools_field(value: object) -> list[dict[str, Any]] | None:
     """The request's tools (flat, as this API writes them), as the chat API's function specs; None for none."""
-    if value is None or value == []:
+    tools = listed_tools(value, "functions")
+    if tools is None:
         return None
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise ApiError(400, f"'tools' must be a list of up to {MAX_TOOLS} functions", param="tools")
     specs: list[dict[str, Any]] = []
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
             raise ApiError(400, f'{where} must be {{"type": "function", "name", "parameters", ...}}', param=where)
