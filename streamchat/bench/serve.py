@@ -19,14 +19,14 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamchat import defaults
 from streamchat.bench.options import require_at_least
 from streamchat.errors import ConfigError
 from streamchat.loading.resolve import packaged_gguf
+from streamchat.measure.chat_client import ListedModel, TurnRecord, Workload, run_conversations, served_model
 from streamchat.measure.chat_client import Reply as TurnReply
-from streamchat.measure.chat_client import TurnRecord, Workload, run_conversations, served_model
 from streamchat.measure.report import Column, Row
 from streamchat.measure.server_process import HOST, ServerCommand, running
 
@@ -152,13 +152,16 @@ def llama_cpp_gguf(model: str, llama_server: Path | None) -> tuple[Path | None, 
     return (gguf, "") if gguf is not None else (None, "llama.cpp row skipped: the default model is not installed")
 
 
-def measure_row(server: ServerCommand, sizes: ServeSizes, conversations: int) -> tuple[list[TurnRecord], float]:
-    """One row: a fresh server, `conversations` side by side; the records and the wall seconds."""
+def measure_row(
+    server: ServerCommand, sizes: ServeSizes, conversations: int
+) -> tuple[list[TurnRecord], float, ListedModel]:
+    """One row: a fresh server, `conversations` side by side; the records, the wall seconds, what it serves."""
     workload = Workload(conversations, sizes.turns, sizes.max_new_tokens, sizes.request_timeout, sizes.time_limit)
     stop = threading.Event()
     with running(server, sizes.start_timeout) as endpoint:
+        listed = served_model(endpoint, sizes.request_timeout)
         try:
-            return run_conversations(endpoint, served_model(endpoint, sizes.request_timeout), workload, stop)
+            return (*run_conversations(endpoint, listed.name, workload, stop), listed)
         finally:
             stop.set()  # on Ctrl-C, no conversation sends another turn to the server being stopped
 
@@ -189,14 +192,14 @@ def measure(servers: Servers, sizes: ServeSizes, note: Callable[[str], None]) ->
         for server in servers.for_conversations(count, sizes.n_ctx):
             note(f"{server.name}: {count} conversation(s) x {sizes.turns} turns")
             try:
-                records, seconds = measure_row(server, sizes, count)
+                records, seconds, listed = measure_row(server, sizes, count)
             except ConfigError as error:
                 if server.name == STREAMCHAT:
                     raise
                 note(f"llama.cpp row skipped: {error}")
                 continue
             kept = system_prompt_kept(servers.keep) if server.name == STREAMCHAT else None
-            rows.append(summary_row(server.name, count, sizes.turns, records, seconds, kept))
+            rows.append(summary_row(server.name, count, sizes.turns, records, seconds, kept) | kv_figures(listed.meta))
             requests += request_rows(server.name, count, records)
             note(describe(rows[-1], seconds))
     against_one(rows)
@@ -248,6 +251,8 @@ def columns() -> list[Column]:
         Column("prompt_late", "prompt/turn late", "{:.0f}"),
         Column("read_late", "read/turn late", "{:.0f}"),
         Column("system_prompt", "system prompt"),
+        Column("kv_cache", "KV cache"),
+        Column("kv_mb_full", "KV MB/token full", "{:.1f}"),
         Column("last_cache", "cache at the last request"),
     ]
 
@@ -286,6 +291,14 @@ def summary_row(
         "system_prompt": system_prompt,
         "last_cache": caches[-1] if caches else None,
     }
+
+
+def kv_figures(meta: dict[str, Any]) -> Row:
+    """What a server's /v1/models says of its caches (streamchat's meta): the KV format, and the megabytes of keys
+    and values a conversation's decode step reads at a full window."""
+    token_bytes, window = meta.get("kv_token_bytes"), meta.get("window")
+    full = token_bytes * window / 1e6 if isinstance(token_bytes, int) and isinstance(window, int) else None
+    return {"kv_cache": meta.get("kv_cache"), "kv_mb_full": full}
 
 
 def decode_speed(reply: TurnReply) -> float | None:

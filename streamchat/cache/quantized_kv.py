@@ -31,6 +31,7 @@ KV_FORMATS: tuple[KVFormat, ...] = (FULL, INT8)
 # Where a loaded model carries the KV format its caches take (the loader sets it; SinkCache.for_model reads it).
 KV_FORMAT_ATTRIBUTE = "streamchat_kv_format"
 LEVELS = 127  # the largest level: symmetric, so -127..127 (-128 is never written)
+SCALE_BYTES = 4  # a float32 scale a token's key or value of a head
 
 
 def kv_format_of(model: Any) -> KVFormat:
@@ -43,6 +44,17 @@ def checked_format(name: str) -> KVFormat:
     if name not in KV_FORMATS:
         raise CacheConfigError(f"unknown KV format {name!r}; expected one of {', '.join(KV_FORMATS)}")
     return name
+
+
+def token_bytes(config: Any, kv_format: KVFormat, element_bytes: int) -> int:
+    """Bytes one cached token's keys and values take over every layer of a model with `config`: `element_bytes`
+    a value in the full format (the model's dtype), a level and a scale a head's vector in int8."""
+    text = config.get_text_config(decoder=True)
+    heads: int = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim: int = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    layers: int = text.num_hidden_layers
+    vector = head_dim + SCALE_BYTES if kv_format == INT8 else head_dim * element_bytes
+    return 2 * layers * heads * vector
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from streamchat.cache.quantized_kv import FULL, checked_format, token_bytes
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -73,21 +75,15 @@ def _storage_bytes(tensor: torch.Tensor) -> int:
     return sum(_storage_bytes(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
 
 
-def kv_bytes_per_token(model: PreTrainedModel, context: int, element_bytes: int, scale_bytes: int = 0) -> int:
-    """Bytes of keys and values one decode step reads over `context` cached tokens: `element_bytes` a value, and
-    `scale_bytes` a token's key or value of a head (an int8 cache's scale)."""
-    config = model.config.get_text_config(decoder=True)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * (head_dim * element_bytes + scale_bytes) * context
+def kv_bytes_per_token(model: PreTrainedModel, context: int, element_bytes: int) -> int:
+    """Bytes of keys and values one decode step reads over `context` cached tokens, `element_bytes` a value."""
+    return token_bytes(model.config, FULL, element_bytes) * context
 
 
 def cache_bytes_per_token(model: PreTrainedModel, context: int, kv_format: str) -> int:
     """kv_bytes_per_token of a sink cache for `model` in `kv_format` (--kv-cache as settled): the model's dtype,
     or int8 with a float32 scale a token and head (its few sinks' exact copies aside)."""
-    if kv_format == "int8":
-        return kv_bytes_per_token(model, context, 1, scale_bytes=4)
-    return kv_bytes_per_token(model, context, torch.finfo(model.dtype).bits // 8)
+    return token_bytes(model.config, checked_format(kv_format), torch.finfo(model.dtype).bits // 8) * context
 
 
 def gguf_bytes_per_token(gguf: Path) -> int:

@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -101,8 +101,17 @@ def user_turn(pool: Sequence[str], conversation: int, turn: int) -> str:
     return f"Hello, I am user {conversation}. {question}" if turn == 1 else question
 
 
-def served_model(endpoint: Endpoint, timeout: float) -> str:
-    """The first model GET /v1/models lists (what requests name); "default" when it lists none."""
+@dataclass(frozen=True)
+class ListedModel:
+    """The first model GET /v1/models lists: what requests name, and its "meta" (streamchat's and llama-server's
+    say more of it: streamchat's the KV cache's format, window and a token's bytes)."""
+
+    name: str = "default"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def served_model(endpoint: Endpoint, timeout: float) -> ListedModel:
+    """The first model GET /v1/models lists; named "default", with no meta, when it lists none."""
     connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
     try:
         connection.request("GET", "/v1/models")
@@ -113,7 +122,9 @@ def served_model(endpoint: Endpoint, timeout: float) -> str:
     finally:
         connection.close()
     data = listed.get("data") if isinstance(listed, dict) else None
-    return str(data[0].get("id", "default")) if data else "default"
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    meta = first.get("meta")
+    return ListedModel(str(first.get("id", "default")), meta if isinstance(meta, dict) else {})
 
 
 def stream_chat(endpoint: Endpoint, body: dict[str, Any], timeout: float) -> Reply:

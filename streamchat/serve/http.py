@@ -91,7 +91,7 @@ def create_app(worker: Worker, pool: ConversationPool, options: HttpOptions) -> 
 
     async def models(request: Request) -> Response:
         check_key(request)
-        return JSONResponse(api.model_list(model, started_at))
+        return JSONResponse(api.model_list(model, started_at, pool.served.meta))
 
     async def conversations(request: Request) -> Response:
         check_key(request)

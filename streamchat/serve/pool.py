@@ -66,6 +66,8 @@ class Served:
     driver: Driver  # the worker's: every session's forward passes run together in its engine's steps
     shared_sinks: SharedSinks  # the sinks new conversations that begin alike copy, read once
     reply_tokens_limit: int | None = None  # the most tokens any reply may have, whatever a request asks
+    meta: dict[str, str | int] = field(default_factory=dict)  # what /v1/models says beyond the name (llama.cpp's
+    # "meta"): the KV cache's format, window and bytes a token
 
 
 @dataclass

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 
+from streamchat.cache.quantized_kv import kv_format_of, token_bytes
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import ConfigError
@@ -29,6 +31,9 @@ from streamchat.serve.pool import ConversationPool, Served
 from streamchat.serve.worker import Worker
 from streamchat.sessions.building import session_for
 from streamchat.sessions.keeping import data_dir, state_key
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 
@@ -70,6 +75,7 @@ def run_server(
             driver=Driver(Engine(loaded.model)),
             shared_sinks=shared_sinks,
             reply_tokens_limit=max_tokens_limit or config.window,
+            meta=cache_meta(loaded.model, config.window),
         )
         pool = ConversationPool(served, max_conversations)
         pool.start()
@@ -87,6 +93,16 @@ def run_server(
         listener.close()
     stderr.print(safe_text(f"stopped; every conversation is saved in {pool.served.sessions}"))
     return TERMINATED_EXIT_CODE if server.received == signal.SIGTERM else 0
+
+
+def cache_meta(model: PreTrainedModel, window: int) -> dict[str, str | int]:
+    """What /v1/models says of the served model's caches: the KV format settled, the window, a token's bytes."""
+    kv_format = kv_format_of(model)
+    return {
+        "kv_cache": kv_format,
+        "window": window,
+        "kv_token_bytes": token_bytes(model.config, kv_format, model.dtype.itemsize),
+    }
 
 
 def _bind(host: str, port: int) -> socket.socket:

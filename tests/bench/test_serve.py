@@ -42,6 +42,10 @@ def test_serve_quick_runs_two_conversations_of_three_turns(tiny_model_dir, tmp_p
         ("streamchat", "2", "6", "0")
     ]
     assert rows[0]["system_prompt"] == "kept" and float(rows[0]["tokens_per_second"]) > 0
+    # The server's KV cache as its /v1/models says: the tiny model's 2 layers x 2 KV heads of 16 dims, a window
+    # of 96, in the format `serve` settled on (int8 where the kernels run, else its float32).
+    token_bytes = {"int8": 2 * 2 * 2 * (16 + 4), "full": 2 * 2 * 2 * 16 * 4}[rows[0]["kv_cache"]]
+    assert float(rows[0]["kv_mb_full"]) == pytest.approx(token_bytes * 96 / 1e6)
     assert float(rows[0]["decode_each"]) > 0 and float(rows[0]["ttft_p95"]) >= float(rows[0]["ttft_p50"]) > 0
 
     header, requests = _read(out / "serve-requests.csv")

@@ -6,7 +6,7 @@ import torch
 from streamchat.cache import LayerSpec, SinkCache, forward, layer_specs
 from streamchat.cache.batch import CacheBatch
 from streamchat.cache.feeding import model_logits
-from streamchat.cache.quantized_kv import QuantizedWindow, dequantize, quantize, widened
+from streamchat.cache.quantized_kv import QuantizedWindow, dequantize, quantize, token_bytes, widened
 from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.errors import CacheConfigError, CacheStateError
 from tests.cache.players import INV_FREQ
@@ -60,6 +60,12 @@ def test_a_window_widened_reads_each_rows_sinks_exact_and_the_rest_from_its_leve
         expected = dequantize(key_levels[row, :, count:], key_scales[row, :, count:], torch.bfloat16)
         assert torch.equal(wide_keys[row, :, count:], expected)
     assert relative(wide_keys, keys) < WIDENED_TOLERANCE and relative(wide_values, values) < WIDENED_TOLERANCE
+
+
+def test_a_token_takes_its_levels_and_a_scale_a_head_in_int8_and_its_dtype_in_full():
+    config = tiny_model("llama").config  # 2 layers, 2 KV heads of 16 dims
+    assert token_bytes(config, "int8", element_bytes=2) == 2 * 2 * 2 * (16 + 4)
+    assert token_bytes(config, "full", element_bytes=2) == 2 * 2 * 2 * 16 * 2
 
 
 def test_an_unknown_format_is_refused():

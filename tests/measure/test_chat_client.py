@@ -11,6 +11,7 @@ import pytest
 
 from streamchat.measure.chat_client import (
     Endpoint,
+    ListedModel,
     Workload,
     questions,
     run_conversations,
@@ -41,7 +42,8 @@ def fake_server() -> Iterator[Callable[[Answer], tuple[Endpoint, list[dict]]]]:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}).encode()
+                listed = {"id": "fake-model", "object": "model", "meta": {"kv_cache": "int8"}}
+                body = json.dumps({"object": "list", "data": [listed]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -115,8 +117,8 @@ def test_a_server_that_is_gone_is_an_error_not_an_exception(fake_server) -> None
     endpoint, _ = fake_server(lambda request: (200, []))
     reply = stream_chat(Endpoint("127.0.0.1", 1), {"messages": []}, timeout=HANG_GUARD_SECONDS)
     assert reply.error is not None and reply.error.startswith("ConnectionRefusedError")
-    assert served_model(Endpoint("127.0.0.1", 1), timeout=HANG_GUARD_SECONDS) == "default"
-    assert served_model(endpoint, timeout=HANG_GUARD_SECONDS) == "fake-model"
+    assert served_model(Endpoint("127.0.0.1", 1), timeout=HANG_GUARD_SECONDS) == ListedModel("default", {})
+    assert served_model(endpoint, timeout=HANG_GUARD_SECONDS) == ListedModel("fake-model", {"kv_cache": "int8"})
 
 
 def test_every_turn_resends_the_history_and_a_failed_turn_is_dropped_from_it(fake_server) -> None:

@@ -39,36 +39,38 @@ static inline __attribute__((always_inline)) floats16 load_slot_16(const int int
 #if !defined(__AVX512F__)
 #include "int16_rows.h"
 
-/* AVX2: an int8 cache's keys of 64 dims scored on integers. Each query row goes on int16 once (one step a row,
-   |q16| <= 32767: about 16 bits, as the products' kernels keep), each slot's levels are widened to int16 once for
-   all of the head's query rows, and a slot's 64 products summed by pairs in int32 (64 x 127 x 32767 fits); eight
+/* AVX2: an int8 cache's keys of 64 or 128 dims scored on integers. Each query row goes on int16 once (one step a
+   row, |q16| <= 32767: about 16 bits, as the products' kernels keep), each slot's levels are widened to int16 once
+   for all of the head's query rows, and a slot's products summed by pairs in int32 (128 x 127 x 32767 fits); eight
    slots' sums are reduced together, so no slot pays a horizontal sum of its own. Half the instructions of widening
-   each level to float32 for every query row, which left this kernel compute-bound at a full cache. */
+   each level to float32 for every query row, which left this kernel compute-bound at a full cache (four times
+   its bytes' time for 128-dim heads shared by four query rows). */
 #define INT_SCORES 1
-#define INT_DIM 64
 
 /* The scores of slots [from, count) for every query row g (scores[g * CHUNK + i]), their largest raised into
-   largest[g]: levels times the row's int16 query, scaled by the slot's key scale and the row's step. */
-static void int8_scores_64(const int8_t *keys, const float *key_scales, const float *mask, int64_t from,
-                           int64_t count, int64_t groups, const float *query, float *scores, float *largest) {
-    int16_t q16[MAX_GROUPS * INT_DIM] __attribute__((aligned(32)));
+   largest[g]: levels times the row's int16 query, scaled by the slot's key scale and the row's step. `vectors`
+   (dim / 16: 4 or 8) is a constant where this is inlined. */
+static inline __attribute__((always_inline)) void int8_scores(const int vectors, const int8_t *keys,
+                                                              const float *key_scales, const float *mask,
+                                                              int64_t from, int64_t count, int64_t groups,
+                                                              const float *query, float *scores, float *largest) {
+    const int dim = 16 * vectors;
+    int16_t q16[MAX_GROUPS * 128] __attribute__((aligned(32)));
+    int16_t widened[8 * 128] __attribute__((aligned(32))); /* eight slots' levels as int16, read by every row */
     float steps[MAX_GROUPS];
-    for (int64_t g = 0; g < groups; g++)
-        steps[g] = quantize_row_int16(query, 0, INT_DIM, g * INT_DIM, q16 + g * INT_DIM); /* a query row, as a row */
+    __m256 largest_of[MAX_GROUPS];
+    for (int64_t g = 0; g < groups; g++) {
+        steps[g] = quantize_row_int16(query, 0, dim, g * dim, q16 + g * dim); /* a query row, as a row */
+        largest_of[g] = _mm256_set1_ps(-INFINITY);
+    }
     const __m256 hidden = _mm256_set1_ps(HIDDEN), minus_infinity = _mm256_set1_ps(-INFINITY);
     for (int64_t i = from; i < count; i += 8) {
         const int64_t n = count - i < 8 ? count - i : 8;
-        __m256i partial[MAX_GROUPS][8];
         for (int64_t j = 0; j < 8; j++) {
-            const int8_t *slot = keys + (i + (j < n ? j : 0)) * INT_DIM; /* past the chunk: slot i again, unused */
-            __m256i k[4];
-            for (int v = 0; v < 4; v++) k[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(slot + 16 * v)));
-            for (int64_t g = 0; g < groups; g++) {
-                const __m256i *q = (const __m256i *)(q16 + g * INT_DIM);
-                __m256i low = _mm256_add_epi32(_mm256_madd_epi16(k[0], q[0]), _mm256_madd_epi16(k[1], q[1]));
-                __m256i high = _mm256_add_epi32(_mm256_madd_epi16(k[2], q[2]), _mm256_madd_epi16(k[3], q[3]));
-                partial[g][j] = _mm256_add_epi32(low, high);
-            }
+            const int8_t *slot = keys + (i + (j < n ? j : 0)) * dim; /* past the chunk: slot i again, unused */
+            for (int v = 0; v < vectors; v++)
+                _mm256_store_si256((__m256i *)(widened + j * dim + 16 * v),
+                                   _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(slot + 16 * v))));
         }
         const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 scales = _mm256_maskload_ps(key_scales + i, lanes);
@@ -77,7 +79,15 @@ static void int8_scores_64(const int8_t *keys, const float *key_scales, const fl
         const __m256 past = _mm256_xor_ps(_mm256_castsi256_ps(lanes), _mm256_castsi256_ps(_mm256_set1_epi32(-1)));
         const __m256 gone = _mm256_or_ps(_mm256_cmp_ps(added, hidden, _CMP_LE_OQ), past);
         for (int64_t g = 0; g < groups; g++) {
-            __m256i *p = partial[g];
+            const __m256i *q = (const __m256i *)(q16 + g * dim);
+            __m256i p[8];
+            for (int j = 0; j < 8; j++) {
+                const __m256i *k = (const __m256i *)(widened + j * dim);
+                p[j] = _mm256_add_epi32(_mm256_madd_epi16(k[0], q[0]), _mm256_madd_epi16(k[1], q[1]));
+                for (int v = 2; v < vectors; v += 2)
+                    p[j] = _mm256_add_epi32(p[j], _mm256_add_epi32(_mm256_madd_epi16(k[v], q[v]),
+                                                                   _mm256_madd_epi16(k[v + 1], q[v + 1])));
+            }
             /* the eight slots' sums in slot order: pairs, then fours within 128-bit lanes, then the halves */
             __m256i fours = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
             __m256i more = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
@@ -86,25 +96,28 @@ static void int8_scores_64(const int8_t *keys, const float *key_scales, const fl
             __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scales, _mm256_set1_ps(steps[g])));
             __m256 score = _mm256_blendv_ps(_mm256_add_ps(dots, added), minus_infinity, gone);
             _mm256_maskstore_ps(scores + g * CHUNK + i, lanes, score);
-            __m128 four = _mm_max_ps(_mm256_castps256_ps128(score), _mm256_extractf128_ps(score, 1));
-            four = _mm_max_ps(four, _mm_movehl_ps(four, four));
-            largest[g] = fmaxf(largest[g], _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four))));
+            largest_of[g] = _mm256_max_ps(largest_of[g], score);
         }
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        __m128 four = _mm_max_ps(_mm256_castps256_ps128(largest_of[g]), _mm256_extractf128_ps(largest_of[g], 1));
+        four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+        largest[g] = fmaxf(largest[g], _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four))));
     }
 }
 
-/* The int8 values of slots [from, count) weighed into out[g * 64 ..] for `n` query rows from g0 (a constant
-   where inlined: their sums stay in registers), half the 64 dims at a time, each slot's levels widened once for
-   all of them. weights[g * CHUNK + i]: the softmax weight times the slot's value scale. */
-static inline __attribute__((always_inline)) void weigh_values_64(const int n, const int8_t *values,
-                                                                 const float *weights, int64_t g0, int64_t from,
-                                                                 int64_t count, float *out) {
-    for (int half = 0; half < 2; half++) {
+/* The int8 values of slots [from, count) weighed into out[g * dim ..] for `n` query rows from g0 (a constant
+   where inlined: their sums stay in registers), 32 dims at a time, each slot's levels widened once for all of
+   them. weights[g * CHUNK + i]: the softmax weight times the slot's value scale. */
+static inline __attribute__((always_inline)) void weigh_values(const int n, const int64_t dim, const int8_t *values,
+                                                              const float *weights, int64_t g0, int64_t from,
+                                                              int64_t count, float *out) {
+    for (int64_t part = 0; part < dim; part += 32) {
         __m256 acc[3][4];
         for (int g = 0; g < n; g++)
             for (int v = 0; v < 4; v++) acc[g][v] = _mm256_setzero_ps();
         for (int64_t i = from; i < count; i++) {
-            const int8_t *slot = values + i * INT_DIM + 32 * half;
+            const int8_t *slot = values + i * dim + part;
             __m256 level[4];
             for (int v = 0; v < 4; v++)
                 level[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(slot + 8 * v))));
@@ -115,20 +128,20 @@ static inline __attribute__((always_inline)) void weigh_values_64(const int n, c
         }
         for (int g = 0; g < n; g++)
             for (int v = 0; v < 4; v++) {
-                float *at = out + (g0 + g) * INT_DIM + 32 * half + 8 * v;
+                float *at = out + (g0 + g) * dim + part + 8 * v;
                 _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[g][v]));
             }
     }
 }
 
-/* weigh_values_64 for every query row, three at a time (what the registers hold). */
-static void int8_values_64(const int8_t *values, const float *weights, int64_t groups, int64_t from, int64_t count,
-                           float *out) {
+/* weigh_values for every query row, three at a time (what the registers hold). */
+static void int8_values(int64_t dim, const int8_t *values, const float *weights, int64_t groups, int64_t from,
+                        int64_t count, float *out) {
     for (int64_t g0 = 0; g0 < groups; g0 += 3) {
         const int64_t n = groups - g0;
-        if (n >= 3) weigh_values_64(3, values, weights, g0, from, count, out);
-        else if (n == 2) weigh_values_64(2, values, weights, g0, from, count, out);
-        else weigh_values_64(1, values, weights, g0, from, count, out);
+        if (n >= 3) weigh_values(3, dim, values, weights, g0, from, count, out);
+        else if (n == 2) weigh_values(2, dim, values, weights, g0, from, count, out);
+        else weigh_values(1, dim, values, weights, g0, from, count, out);
     }
 }
 #else
@@ -158,8 +171,8 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
         value_scales = c->value_scales + b * c->scale_batch + h * c->scale_head + first;
         sink_at = b * c->sink_batch + h * c->sink_head + first * c->dim;
     }
-    const int int_scores = INT_SCORES && int8 && dim_vectors == 4;
-    const int int_values = INT_SCORES && int8 && value_vectors == 4;
+    const int int_scores = INT_SCORES && int8 && (dim_vectors == 4 || dim_vectors == 8);
+    const int int_values = INT_SCORES && int8 && value_vectors % 2 == 0;
     for (int64_t g = 0; g < c->groups; g++) {
         float *scores = scores_of + g * CHUNK;
         floats16 q[MAX_DIM / 16];
@@ -174,7 +187,7 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
             scores[i] = score;
             largest = score > largest ? score : largest;
         }
-        for (int64_t i = exact; i < count && !int_scores; i++) { /* int8_scores_64's, where it scores them */
+        for (int64_t i = exact; i < count && !int_scores; i++) { /* int8_scores', where it scores them */
             floats16 dot = zeros_16();
             for (int64_t d = 0; d < dim_vectors; d++)
                 dot = fmadd_16(q[d], load_slot_16(int8, c->keys, c->bf16, key_at + i * c->dim + 16 * d), dot);
@@ -187,9 +200,12 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
         maximum[g] = largest;
     }
 #if INT_SCORES
-    if (int_scores)
-        int8_scores_64((const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
-                       maximum);
+    if (int_scores && dim_vectors == 4)
+        int8_scores(4, (const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
+                    maximum);
+    else if (int_scores)
+        int8_scores(8, (const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
+                    maximum);
 #endif
     for (int64_t g = 0; g < c->groups; g++) {
         float *scores = scores_of + g * CHUNK;
@@ -217,13 +233,14 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
                                       acc[d]);
             }
         }
-        for (int64_t i = exact; i < count && int_values; i++)  /* int8_values_64's weights; none for a row all masked */
+        for (int64_t i = exact; i < count && int_values; i++)  /* int8_values' weights; none for a row all masked */
             scores[i] = largest == -INFINITY ? 0.0f : scores[i] * value_scales[i];
         total[g] = sum;
         for (int64_t d = 0; d < value_vectors; d++) storeu_16(out + g * c->value_dim + 16 * d, acc[d]);
     }
 #if INT_SCORES
-    if (int_values) int8_values_64((const int8_t *)c->values + value_at, scores_of, c->groups, exact, count, out);
+    if (int_values)
+        int8_values(c->value_dim, (const int8_t *)c->values + value_at, scores_of, c->groups, exact, count, out);
 #endif
 }
 

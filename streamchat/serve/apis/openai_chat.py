@@ -353,5 +353,6 @@ def usage_chunk(reply_id: str, created: int, model: str, used: dict[str, Any]) -
     }
 
 
-def model_list(model: str, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "streamchat"}]}
+def model_list(model: str, created: int, meta: dict[str, str | int]) -> dict[str, Any]:
+    listed: dict[str, Any] = {"id": model, "object": "model", "created": created, "owned_by": "streamchat"}
+    return {"object": "list", "data": [{**listed, "meta": meta} if meta else listed]}
