@@ -1,10 +1,8 @@
 """The decode pass written out for the llama family: one token per row, as few operations as the math needs.
 
 transformers' forward pass is general: every decode pass it builds masks, position
-embeddings and per-layer views through a few thousand small operations and the Python
-around them, which on a CPU cost as much as the matrix products (issue 22: about 6,000
-aten calls a token for the default model). Once the sink cache hands over the positions
-and the masks, one token's pass needs little of that:
+embeddings and per-layer views through about 6,000 small operations for the default model,
+which on a CPU cost as much as the products. Given the sink cache's positions and masks:
 
     embed -> for each layer:  RMSNorm, qkv (one fused product), rotary on q and k together,
                               cache.update (the sink cache writes the slot), attention
@@ -26,14 +24,13 @@ once, and only attention runs per segment, through its own cache and mask (a chu
 through the attention the model's own forward calls).
 
 The fused decode (FusedDecode): even written out, a one-token pass is about 1,400 torch
-operators for the default model (reshapes, slices, the rotary's products, the cache's
-index copies), each with its dispatch and Python around it: half of a 9 ms pass on a
-2-core CPU. Where the native kernels run the layers anyway (int4 weights through
-TiledInt4Linear, bfloat16 activations, rows of a SinkCache or a pool whose layers all keep
-sinks), one call of kernels/decode_layers.c runs every layer of the pass for every row,
-the cache's slot writes and sink rotations included, rounding as these operators round:
-its logits and caches equal this module's, bit for bit (tests/placement/test_fused_decode.py).
-Python keeps the embedding, the rotary angles, the final norm and the head.
+operators for the default model, half of a 9 ms pass on a 2-core CPU. Where the native
+kernels run the layers anyway (int4 weights through TiledInt4Linear, bfloat16 activations,
+rows of a SinkCache or a pool whose layers all keep sinks), one call of
+kernels/decode_layers.c runs every layer of the pass for every row, the cache's slot writes
+and sink rotations included, rounding as these operators round: its logits and caches equal
+this module's, bit for bit (tests/placement/test_fused_decode.py). Python keeps the
+embedding, the rotary angles, the final norm and the head.
 """
 
 from __future__ import annotations
@@ -313,6 +310,9 @@ class FusedDecode:
         ]
         self.dims = dims  # hidden_size, q_heads, kv_heads, head_dim, intermediate
         self.eps, self.scale = eps, scale
+        # The last table and the addresses it holds: a cache's storage stays put from step to step (it moves when
+        # a pool grows), and checking and laying out 30 layers' tensors every step was 5 % of the default model's.
+        self._laid_out: tuple[tuple[Any, ...], torch.Tensor] | None = None
 
     @classmethod
     def for_layers(
@@ -351,16 +351,10 @@ class FusedDecode:
             return None
         layers = _stored_per_layer(storage)
         keys, values, pristine, _, scales, _, exact, _ = layers[0]  # exact: an int8 cache's sink keys, else the keys
-        if exact.dtype != torch.bfloat16 or not _alike(layers):
+        if exact.dtype != torch.bfloat16 or (table := self._table_for(layers)) is None:
             return None
         strides = [keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)]
         strides += [pristine.stride(0), pristine.stride(1)]
-        table = torch.tensor(
-            [
-                [*weights, *(tensor.data_ptr() for tensor in held)]
-                for weights, held in zip(self.weights, layers, strict=True)
-            ]
-        )
         int8 = [int(storage.kv_format == INT8), scales.stride(0), scales.stride(1), exact.stride(0), exact.stride(1)]
         dims = torch.tensor([*self.dims, rows, *strides, pristine.shape[3], storage.extent, *int8])
         out = hidden.clone(memory_format=torch.contiguous_format)
@@ -370,6 +364,20 @@ class FusedDecode:
             table, dims, slots, sinks, out, cos, sin, sink_cos, sink_sin, mask, self.eps, self.scale
         )
         return out
+
+    def _table_for(self, layers: list[tuple[torch.Tensor, ...]]) -> torch.Tensor | None:
+        """decode_layers.c's table: each layer's weights then its stored tensors (_stored_per_layer's); None where
+        the layers' tensors are not alike. Laid out again only where the storage has moved."""
+        addresses = tuple(tensor.data_ptr() for layer in layers for tensor in layer)
+        key = (addresses, tuple(tensor.stride() for tensor in layers[0]))  # a pool's layers all move alike
+        if self._laid_out is not None and self._laid_out[0] == key:
+            return self._laid_out[1]
+        if len(layers) != len(self.weights) or not _alike(layers):
+            return None
+        width = len(layers[0])  # each layer's weights, then its stored tensors' addresses
+        table = torch.tensor([[*each, *addresses[width * n : width * (n + 1)]] for n, each in enumerate(self.weights)])
+        self._laid_out = (key, table)
+        return table
 
 
 def _stored_per_layer(storage: DecodeStorage) -> list[tuple[torch.Tensor, ...]]:

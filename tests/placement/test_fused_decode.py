@@ -142,6 +142,16 @@ def test_rows_of_a_pool_with_their_own_sinks_and_windows_equal_the_lean_forward_
     assert all(same_storage(ours, theirs) for ours, theirs in zip(fused_caches, expected_caches, strict=True))
 
 
+def test_one_fused_decode_reads_each_pass_from_the_storage_it_is_given_as_caches_come_and_go(kernels):
+    """The table of addresses is laid out again where the storage moved (a pool after a cache alone, a new cache
+    after the pool), reused where it did not: each pass as the unfused one, bit for bit."""
+    model = native_int4(kernels, kv_format="int8")
+    fused, reference = lean_forward_for(model), unfused(model)
+    for _ in range(2):
+        assert torch.equal(decode_alone(model, fused, 4, 20)[0], decode_alone(model, reference, 4, 20)[0])
+        assert torch.equal(decode_pooled(model, fused, POOLED)[0], decode_pooled(model, reference, POOLED)[0])
+
+
 def test_a_float32_model_or_torchs_int4_layers_have_no_fused_decode(kernels):
     assert lean_forward_for(native_int4(kernels, dtype=torch.float32)).fused is None
     model = copy.deepcopy(tiny_model("llama", dtype=torch.bfloat16))
