@@ -10,6 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from streamchat import defaults
+from streamchat.generation.settings import GenerationSettings
 from streamchat.loading import LoadOptions, load_model
 from streamchat.loading.resolve import packaged_gguf
 from streamchat.placement.device import detect_accelerators
@@ -55,3 +56,6 @@ def test_the_default_model_converts_once_then_loads_from_the_copy():
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
         reply = second.model.generate(ids, max_new_tokens=8, do_sample=False)
     assert "Paris" in second.tokenizer.decode(reply[0, ids.shape[1] :])
+    # It samples as its card says, with the repetition penalty that keeps a close first token from looping.
+    settings = GenerationSettings.from_generation_config(second.model.generation_config)
+    assert (settings.temperature, settings.top_p, settings.repetition_penalty) == (0.2, 0.9, 1.1)
