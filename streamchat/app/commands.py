@@ -109,7 +109,7 @@ def info(
     with reported_errors():
         config = load_run_config(given_options(context))
     announce_load(config.model)
-    print_table(stdout, model_summary(load(load_options(config))))
+    print_table(stdout, model_summary(load(load_options(config)), config.window))
 
 
 def run(

@@ -96,8 +96,8 @@ def _availability(entry: CatalogEntry) -> str:
     return "yes, in the Hugging Face cache" if entry.offline else "no"
 
 
-def model_summary(loaded: LoadedModel) -> Table:
-    """What `streamchat info` prints about a loaded model."""
+def model_summary(loaded: LoadedModel, window: int) -> Table:
+    """What `streamchat info` prints about a loaded model, its caches at a window of `window` tokens."""
     rows = {
         "model": loaded.source.name,
         "source": _describe_source(loaded.source),
@@ -114,6 +114,7 @@ def model_summary(loaded: LoadedModel) -> Table:
         rows["files"] = str(loaded.directory)
     if loaded.packed_copy is not None:
         rows["packed copy"] = str(loaded.packed_copy)
+    rows["KV cache"] = _describe_kv_cache(loaded, window)
     # Which CPU kernels run the step: streamchat's own and the variant built for this CPU, else torch's.
     rows["kernels"] = "torch's" if loaded.native is None else f"streamchat's own, {loaded.native.variant}"
     table = Table.grid(padding=(0, 2))
@@ -129,6 +130,15 @@ def _describe_quantization(loaded: LoadedModel) -> str:
         return "none"
     how = "read from the packed copy" if loaded.weights_from == "packed copy" else "quantized"
     return f"{loaded.quantization} weights ({how} in {loaded.quantize_seconds:.2f} s)"
+
+
+def _describe_kv_cache(loaded: LoadedModel, window: int) -> str:
+    from streamchat.cache.quantized_kv import kv_format_of, token_bytes  # imports torch: `--version` does not
+
+    kv_format = kv_format_of(loaded.model)
+    per_token = token_bytes(loaded.model.config, kv_format, loaded.model.dtype.itemsize)
+    at_window = f"{per_token * window / 2**20:,.1f} MiB a conversation at a window of {window:,}"
+    return f"{kv_format}: {per_token / 1024:,.1f} KiB a token, {at_window} (--kv-cache, --window)"
 
 
 def _describe_source(source: ModelSource) -> str:

@@ -24,7 +24,7 @@ from streamchat.cli import app
 from streamchat.loading.aliases import ALIASES
 from streamchat.loading.conversion import conversion_dir
 from streamchat.placement.device import chosen_variant, cpu_flags, detect_accelerators
-from tests.support.gguf_files import save_model_directory, write_tiny_gguf
+from tests.support.gguf_files import HEADS, HIDDEN_SIZE, KV_HEADS, LAYERS, save_model_directory, write_tiny_gguf
 from tests.support.processes import in_foreground
 from tests.support.waiting import HANG_GUARD_SECONDS
 
@@ -149,6 +149,14 @@ def test_info_converts_the_default_once_then_loads_the_copy(packaged_default: Pa
     variant = chosen_variant("", cpu_flags())
     expected_kernels = f"streamchat's own, {variant.name}" if accelerators.cpu_kernels and variant else "torch's"
     assert rows[-1] == f"kernels        {expected_kernels}"
+    # Its caches: the format --kv-cache auto settles on (int8 where the kernels run), a token's bytes over the
+    # GGUF's layers and KV heads, and a conversation's at the default window.
+    element_bytes, head_dim = (2 if native_bf16 else 4), HIDDEN_SIZE // HEADS
+    vector, kv_format = (head_dim + 4, "int8") if accelerators.cpu_kernels else (head_dim * element_bytes, "full")
+    token = 2 * LAYERS * KV_HEADS * vector
+    at_window = f"{token * defaults.WINDOW / 2**20:,.1f} MiB a conversation at a window of {defaults.WINDOW:,}"
+    kv_row = f"KV cache       {kv_format}: {token / 1024:,.1f} KiB a token, {at_window} (--kv-cache, --window)"
+    assert rows[-2] == kv_row
 
     second = streamchat("info")
     assert second.returncode == 0
