@@ -133,10 +133,10 @@ def _describe_quantization(loaded: LoadedModel) -> str:
 
 
 def _describe_kv_cache(loaded: LoadedModel, window: int) -> str:
-    from streamchat.cache.quantized_kv import kv_format_of, token_bytes  # imports torch: `--version` does not
+    from streamchat.cache.quantized_kv import kv_format_of, model_token_bytes  # imports torch: `--version` does not
 
     kv_format = kv_format_of(loaded.model)
-    per_token = token_bytes(loaded.model.config, kv_format, loaded.model.dtype.itemsize)
+    per_token = model_token_bytes(loaded.model, kv_format)
     at_window = f"{per_token * window / 2**20:,.1f} MiB a conversation at a window of {window:,}"
     return f"{kv_format}: {per_token / 1024:,.1f} KiB a token, {at_window} (--kv-cache, --window)"
 

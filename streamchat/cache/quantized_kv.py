@@ -57,6 +57,11 @@ def token_bytes(config: Any, kv_format: KVFormat, element_bytes: int) -> int:
     return 2 * layers * heads * vector
 
 
+def model_token_bytes(model: Any, kv_format: KVFormat) -> int:
+    """token_bytes of `model`'s caches in `kv_format`: a full cache holds the model's dtype."""
+    return token_bytes(model.config, kv_format, model.dtype.itemsize)
+
+
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., dim] as int8 levels [..., dim] and float32 scales [..., 1], one per vector."""
     wide = x.float()

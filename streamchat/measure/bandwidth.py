@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from streamchat.cache.quantized_kv import FULL, checked_format, token_bytes
+from streamchat.cache.quantized_kv import FULL, checked_format, model_token_bytes, token_bytes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -83,7 +83,7 @@ def kv_bytes_per_token(model: PreTrainedModel, context: int, element_bytes: int)
 def cache_bytes_per_token(model: PreTrainedModel, context: int, kv_format: str) -> int:
     """kv_bytes_per_token of a sink cache for `model` in `kv_format` (--kv-cache as settled): the model's dtype,
     or int8 with a float32 scale a token and head (its few sinks' exact copies aside)."""
-    return token_bytes(model.config, checked_format(kv_format), torch.finfo(model.dtype).bits // 8) * context
+    return model_token_bytes(model, checked_format(kv_format)) * context
 
 
 def gguf_bytes_per_token(gguf: Path) -> int:

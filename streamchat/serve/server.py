@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from streamchat.cache.quantized_kv import kv_format_of, token_bytes
+from streamchat.cache.quantized_kv import kv_format_of, model_token_bytes
 from streamchat.engine.engine import Engine
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.errors import ConfigError
@@ -101,7 +101,7 @@ def cache_meta(model: PreTrainedModel, window: int) -> dict[str, str | int]:
     return {
         "kv_cache": kv_format,
         "window": window,
-        "kv_token_bytes": token_bytes(model.config, kv_format, model.dtype.itemsize),
+        "kv_token_bytes": model_token_bytes(model, kv_format),
     }
 
 

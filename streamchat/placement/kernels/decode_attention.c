@@ -200,12 +200,9 @@ static inline __attribute__((always_inline)) void attend_chunk_with(
         maximum[g] = largest;
     }
 #if INT_SCORES
-    if (int_scores && dim_vectors == 4)
-        int8_scores(4, (const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
-                    maximum);
-    else if (int_scores)
-        int8_scores(8, (const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups, query, scores_of,
-                    maximum);
+    if (int_scores) /* dim_vectors a constant but where attend_chunk takes the dims as they come */
+        int8_scores((int)dim_vectors, (const int8_t *)c->keys + key_at, key_scales, mask, exact, count, c->groups,
+                    query, scores_of, maximum);
 #endif
     for (int64_t g = 0; g < c->groups; g++) {
         float *scores = scores_of + g * CHUNK;

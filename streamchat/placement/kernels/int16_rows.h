@@ -1,8 +1,9 @@
 /* What the AVX2 products on int16 activations share (int8_rows_avx2.c: the output head; int8_blocks.c: int8
-   layers in blocks; decode_attention.c's query rows over an int8 cache): a row quantized once to int16 levels (one step a row, |a16| <= 32767: about the 16 bits
-   int8_rows.c's two parts keep), and the weights' tiles [n / 16, k / 4, 16, 4] multiplied by such rows, each
-   int8 weight widened to int16 as it is read and the products summed by pairs in int32 (one multiply-add per 16
-   weights). AVX2 intrinsics alone: the AVX-512 build compiles them too. */
+   layers in blocks; decode_attention.c: query rows over an int8 cache): a row quantized once to int16 levels
+   (one step a row, |a16| <= 32767: about the 16 bits int8_rows.c's two parts keep), and the weights' tiles
+   [n / 16, k / 4, 16, 4] multiplied by such rows, each int8 weight widened to int16 as it is read and the
+   products summed by pairs in int32 (one multiply-add per 16 weights). AVX2 intrinsics alone: the AVX-512 build
+   compiles them too. */
 #ifndef STREAMCHAT_INT16_ROWS_H
 #define STREAMCHAT_INT16_ROWS_H
 
