@@ -33,8 +33,7 @@ from streamchat.cache import SinkCache
 from streamchat.cache.ledger import NO_LABEL
 from streamchat.engine.engine import Engine
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.decoding import EndlessReply
-from streamchat.generation.prompt_reading import Reading, read_prompt
+from streamchat.generation.requests import EndlessReply, Reading, read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.bandwidth import synchronize

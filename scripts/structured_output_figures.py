@@ -33,9 +33,8 @@ from streamchat.conversation.session import SessionOptions
 from streamchat.engine.engine import Engine
 from streamchat.generation.constraint import JsonFormat
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.decoding import EndlessReply
 from streamchat.generation.events import TurnFinished
-from streamchat.generation.prompt_reading import read_prompt
+from streamchat.generation.requests import EndlessReply, read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.models import ModelChoice

@@ -43,8 +43,7 @@ from streamchat.bench.options import require_at_least
 from streamchat.cache import SinkCache
 from streamchat.conversation.message import Message
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.decoding import endless_reply
-from streamchat.generation.prompt_reading import read_prompt
+from streamchat.generation.requests import endless_reply, read_prompt
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.aten_calls import decode_aten_calls_per_token

@@ -34,7 +34,7 @@ from streamchat.conversation.session_options import SessionOptions
 from streamchat.conversation.template import ChatFormat
 from streamchat.errors import ConfigError
 from streamchat.generation.events import TurnFinished
-from streamchat.generation.prompt_reading import read_prompt
+from streamchat.generation.requests import read_prompt
 from streamchat.generation.settings import GenerationSettings
 from streamchat.measure.perplexity import answer_log_prob
 from streamchat.measure.report import Check, Column, Row

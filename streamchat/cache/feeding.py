@@ -3,7 +3,7 @@
 model_logits is the body of an open pass (the engine's runner's and its compiled decode's); forward
 opens the pass around it, for every position's logits (the perplexity measure's scoring) or as a
 reference the engine's runner is tested against. A prompt the chat reads goes through the
-engine's runner instead (generation/prompt_reading.py: Reading, read_prompt).
+engine's runner instead (generation/requests.py: Reading, read_prompt).
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ class StreamLedger:
         if to_window > self.window:
             raise CacheConfigError(
                 f"{incoming} tokens in one pass do not fit a window of {self.window}: "
-                f"feed at most {self.window} at a time (a Reading, generation/prompt_reading.py, chunks for you)"
+                f"feed at most {self.window} at a time (a Reading, generation/requests.py, chunks for you)"
             )
         return to_sinks, to_window
 

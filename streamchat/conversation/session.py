@@ -1,10 +1,9 @@
 """ChatSession: one model, one tokenizer, one sink cache and one transcript, for as long as the chat lasts.
 
-Each call that moves the conversation (chat, regenerate, replay) returns a task: a
-generator of the events it says and the engine requests it waits on, which the process's
-driver runs (streamchat.generation.driver); the conversation advances as the driver moves
-it. Every token is fed exactly once, in conversation order: the cache is never recomputed,
-only reset when asked.
+Each call that moves the conversation (chat, regenerate, replay) returns a task: a generator of the events it says
+and the engine requests it waits on, which the process's driver runs (streamchat.generation.driver); the
+conversation advances as the driver moves it. Every token is fed exactly once, in conversation order: the cache is
+never recomputed, only reset when asked.
 
 The session keeps the conversation: the transcript, the chat format, the settings, what /regen goes back to.
 Its tokens go through the cache in a TokenLoop (streamchat.generation.token_loop): prompts prefilled, replies decoded.
@@ -47,7 +46,6 @@ from streamchat.conversation.recall import (
     recall_note,
     recalled_event,
 )
-from streamchat.conversation.regen import RegenPoint
 from streamchat.conversation.session_options import (
     SessionChanges,
     SessionOptions,
@@ -62,12 +60,12 @@ from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError, ConfigError
 from streamchat.generation.cache_view import CacheView
 from streamchat.generation.decoder import LockstepChannel
-from streamchat.generation.decoding import Reply
 from streamchat.generation.driver import Abandoned
 from streamchat.generation.events import CacheOccupancy, Event, NotResumed, Replayed, Resumed, TextDelta, TurnFinished
+from streamchat.generation.requests import Reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
-from streamchat.generation.token_loop import TokenLoop
+from streamchat.generation.token_loop import RegenPoint, TokenLoop
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # in typing from Python 3.11
@@ -84,6 +82,7 @@ class ChatSession:
         self.eviction = options.eviction
         self.read_all = options.read_all
         self.reply_format = options.reply_format  # what every reply must be (a JSON schema, a tool call), if held
+        self.regenerates = options.regenerates
         self.settings = options.settings or GenerationSettings.from_generation_config(
             getattr(model, "generation_config", None)
         )
@@ -151,7 +150,7 @@ class ChatSession:
     def chat(self, text: str, logprobs: int | None = None) -> SessionTask:
         """Feed a user message and stream the reply (with `logprobs`, each token's log-probability and that many of
         the likeliest alternatives' too: TokenLogprob events). A prompt longer than the cache holds is read as a
-        replay reads a conversation (streamchat.generation.prompt_reading) unless read_all; a stop() while it is
+        replay reads a conversation (streamchat.generation.requests) unless read_all; a stop() while it is
         read ends the reading between two forward passes, and the reply before it starts."""
         return self._answer({"role": "user", "content": text}, logprobs)
 
@@ -184,7 +183,8 @@ class ChatSession:
         reply_room = self._reply_reach() if self.eviction == "turn" else None
         read = yield from self.token_loop.prefill(prompt, len(self.transcript) - 1, self.read_all, reply_room)
         # /regen answers the same prompt again: not one that was read only in part.
-        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if read.whole else None
+        regen = read.whole and self.regenerates
+        self._snapshot = RegenPoint.take(self.token_loop, self._reply_reach(), read.logits) if regen else None
         yield from self._reply(read.logits, read.tokens, started, read.at, read.copied, logprobs)
 
     def share_sinks(self) -> SessionTask:

@@ -38,6 +38,8 @@ class SessionOptions:
     # What every reply is held to (`--json-schema`: one JSON value of a schema); a server sets it per request (a
     # schema, a tool call). None: free text.
     reply_format: ReplyFormat | None = None
+    # False: no copy of the cache is kept after each prompt for /regen (a server's: no client can ask for one).
+    regenerates: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(self.keep))

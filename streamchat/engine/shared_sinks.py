@@ -15,7 +15,7 @@ cache, so a sink's keys and values depend on the sinks' tokens alone. A conversa
 shares them reads them in a forward pass of their own, not with the rest of its prompt, so
 a copy is what reading them would leave: bit for bit when the first reader had its step to
 itself, and otherwise within the rounding any step shared with other conversations brings
-(engine/runner.py).
+(engine/engine.py: Runner).
 """
 
 from __future__ import annotations

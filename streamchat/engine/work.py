@@ -72,7 +72,7 @@ class Advanced(NamedTuple):
 @runtime_checkable
 class Request(Protocol):
     """What a conversation asks of the engine's steps until it ends: a reply to decode
-    (streamchat.generation.decoding.DecodingReply) or a text to read (streamchat.generation.prompt_reading.Reading).
+    (streamchat.generation.requests.DecodingReply) or a text to read (streamchat.generation.requests.Reading).
     The engine asks it for its next work at the start of each step (a reply's token, drawn with its own settings
     and seed; a text's next chunk) and hands it the outcome at the end (a token detokenized and checked for a
     stop there; a chunk's eviction and progress)."""

@@ -2,7 +2,7 @@
 
     decoder = Decoder(cache)
     decoder.start(logits, settings, sampler, label)   # the logits after the prompt; the draw composed
-    each engine step (streamchat.generation.decoding):
+    each engine step (streamchat.generation.requests):
         drawn = decoder.draw()              # the next token on the device (and on the host, where it waits)
         decoder.checkpoint()                # what take_back() returns to
         ... the step feeds drawn.on_device ...

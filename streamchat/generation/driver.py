@@ -30,8 +30,8 @@ from typing import cast
 from streamchat.engine.engine import Engine
 from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError
-from streamchat.generation.decoding import DecodingReply
 from streamchat.generation.events import Compiled, Compiling, Event
+from streamchat.generation.requests import DecodingReply
 
 # A conversation's move as the driver runs it: what it says, and the requests it waits on, in order.
 Task = Generator[object, None, object]

@@ -28,12 +28,12 @@ import torch
 from streamchat.cache import SinkCache
 from streamchat.cache.ledger import Eviction
 from streamchat.cache.record import UNREAD
+from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.shared_sinks import SharedSinks
 from streamchat.engine.work import Request
 from streamchat.errors import CacheStateError, ConfigError, out_of_memory_as
 from streamchat.generation.constraint import ReplyFormat
 from streamchat.generation.decoder import Decoder, LockstepChannel
-from streamchat.generation.decoding import DecodingReply, Reply
 from streamchat.generation.events import (
     CacheOccupancy,
     Event,
@@ -42,10 +42,12 @@ from streamchat.generation.events import (
     PromptTruncated,
     TokenLogprob,
 )
-from streamchat.generation.prompt_reading import (
+from streamchat.generation.requests import (
     REPLAYED_WINDOWS,
+    DecodingReply,
     Reading,
     ReadingProgress,
+    Reply,
     prompt_parts,
     replayed_count,
     replayed_parts,
@@ -61,6 +63,24 @@ class Prefilled(NamedTuple):
     whole: bool  # every token meant to be read was: no stop() cut the reading short
     at: float  # time.perf_counter() when the last of them was in the cache
     copied: int = 0  # of `tokens`, the sinks copied in as another conversation read them (engine/shared_sinks.py)
+
+
+class RegenPoint(NamedTuple):
+    """The cache right after a prompt, and the logits after it: /regen restores it and draws a new reply."""
+
+    cache: CacheSnapshot
+    logits: torch.Tensor
+
+    @classmethod
+    def take(cls, loop: TokenLoop, reach: int, logits: torch.Tensor) -> RegenPoint:
+        """The point `loop` is at, before a reply that feeds at most `reach` tokens."""
+        # Only what the reply can overwrite is saved: as many slots as it can feed tokens.
+        return cls(CacheSnapshot.take(loop.cache, reach), logits.clone())
+
+    def restore(self, loop: TokenLoop) -> torch.Tensor:
+        """Put `loop` back where the point was taken; the logits to draw the reply from."""
+        self.cache.restore(loop.cache)
+        return self.logits
 
 
 class TokenLoop:
@@ -136,7 +156,7 @@ class TokenLoop:
         self, prompt: list[int], message: int, read_all: bool, reply_room: int | None
     ) -> Generator[Event | Request, None, Prefilled]:
         """Read the prompt of transcript message `message`; a long one as a replay reads a
-        conversation (streamchat.generation.prompt_reading) unless `read_all`. With `reply_room`,
+        conversation (streamchat.generation.requests) unless `read_all`. With `reply_room`,
         room is made at once for the prompt and that many reply tokens (the paper's per-turn policy)."""
         stats = self.cache.stats()
         head, tail = prompt_parts(prompt, stats.seen, self.cache.sinks, self.cache.window, read_all)

@@ -25,8 +25,7 @@ from transformers import DynamicCache
 from streamchat import defaults
 from streamchat.cache import SinkCache
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.decoding import endless_reply
-from streamchat.generation.prompt_reading import read_prompt
+from streamchat.generation.requests import endless_reply, read_prompt
 from streamchat.generation.sampling import Sampler, make_draw
 from streamchat.generation.settings import GenerationSettings
 

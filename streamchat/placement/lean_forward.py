@@ -141,7 +141,7 @@ class LeanForward:
             # [batch, 1, q_heads, head_dim] -> [batch, q_heads, 1, head_dim]; out [batch, 1, q_heads, head_dim].
             attended = decode_attention_stored(queries.transpose(1, 2), stored, mask, self.scaling)
             hidden = hidden + layer.o_proj(attended.reshape(batch, 1, self.q_heads * self.head_dim))
-            gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
+            gate, up = layer.gate_up.linear(self._norm(hidden, layer.post_norm)).chunk(2, dim=-1)
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
         return self._logits(self._norm(hidden, self.final_norm))
 
@@ -165,7 +165,7 @@ class LeanForward:
                 attended.append(attend(layer, segment.cache, queries[:, span], keys[:, span], value[:, span], mask))
                 start += segment.length
             hidden = hidden + layer.o_proj(attended[0] if len(attended) == 1 else torch.cat(attended, dim=1))
-            gate, up = layer.gate_up.forward(self._norm(hidden, layer.post_norm))
+            gate, up = layer.gate_up.linear(self._norm(hidden, layer.post_norm)).chunk(2, dim=-1)
             hidden = hidden + layer.down(torch.nn.functional.silu(gate) * up)
         last: list[int] = []
         start = 0

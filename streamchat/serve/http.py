@@ -8,7 +8,7 @@
     GET  /health                no key needed
 
 Every API reads its request into a ChatRequest and runs the same Turn on the same
-conversations (streamchat.serve.replying); each only formats. Every reply says which
+conversations (streamchat.serve.worker: running_turn); each only formats. Every reply says which
 conversation it continued and what its cache holds, in the X-Streamchat-Conversation and
 X-Streamchat-Cache headers, and X-Streamchat-Warning says what the client should know of it
 (a max_tokens clamped, a message read only in part). With an API key, every endpoint but
@@ -46,15 +46,15 @@ from streamchat.serve.apis.openai_tools import HeldText, call_deltas
 from streamchat.serve.apis.request import ApiError, Limits, parse_body
 from streamchat.serve.apis.response_ids import conversation_until, response_id
 from streamchat.serve.pool import NAMING_HEADER, ConversationPool
-from streamchat.serve.replying import (
+from streamchat.serve.turn import Finished
+from streamchat.serve.worker import (
     CACHE_HEADER,
     RunningTurn,
+    Worker,
     reply_headers,
     running_turn,
     server_sent_event,
 )
-from streamchat.serve.turn import Finished
-from streamchat.serve.worker import Worker
 from streamchat.storage.session_file import list_sessions
 
 log = logging.getLogger("streamchat.serve")

@@ -68,7 +68,7 @@ def run_server(
         shared_sinks = SharedSinks()
         served = Served(
             name=loaded.source.name,
-            new_session=lambda: session_for(config, loaded, shared_sinks=shared_sinks),
+            new_session=lambda: session_for(config, loaded, shared_sinks=shared_sinks, regenerates=False),
             key=state_key(config, loaded),
             sessions=data_dir() / "sessions",
             cache_layout={"keep": config.keep, "window": config.window},

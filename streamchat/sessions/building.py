@@ -26,9 +26,10 @@ def session_for(
     loaded: LoadedModel,
     channel: LockstepChannel | None = None,
     shared_sinks: SharedSinks | None = None,
+    regenerates: bool = True,
 ) -> ChatSession:
     """The session `config` asks for; `channel` keeps it in lockstep with other ranks (--tp); with `shared_sinks`,
-    conversations that begin alike share their sinks (a server's)."""
+    conversations that begin alike share their sinks (a server's); `regenerates`: /regen can go back a reply."""
     # Imported here, not above: the command line imports this module, and `streamchat --version` loads no torch.
     from streamchat.conversation.session import ChatSession, SessionOptions
     from streamchat.generation.settings import GenerationSettings
@@ -46,6 +47,7 @@ def session_for(
         settings=dataclasses.replace(settings, **overrides),
         channel=channel,
         shared_sinks=shared_sinks,
+        regenerates=regenerates,
         reply_format=None if config.json_schema is None else json_format_file(config.json_schema),
     )
     return ChatSession(loaded.model, loaded.tokenizer, options)

@@ -292,6 +292,15 @@ def test_regenerate_tells_the_same_story_of_the_cache_as_the_reply_it_replaces()
     assert evicted_again and evicted_again == evicted[-len(evicted_again) :]  # the reply's own, token by token
 
 
+def test_a_session_that_does_not_regenerate_keeps_no_copy_of_its_cache_for_it():
+    """A server's sessions: no /regen point after a prompt, so nothing holds the cache's rebase back either."""
+    kept, unkept = make_session(), make_session(regenerates=False)
+    assert reply_of(run(kept.chat("Hello"))) == reply_of(run(unkept.chat("Hello")))
+    assert kept.cache.ledger.rebase_held and not unkept.cache.ledger.rebase_held
+    with pytest.raises(ConfigError, match="no reply to regenerate"):
+        list(unkept.regenerate())
+
+
 def test_regenerate_without_a_reply_is_refused():
     with pytest.raises(ConfigError, match="no reply to regenerate"):
         list(make_session().regenerate())

@@ -14,7 +14,7 @@ from streamchat.cache.snapshots import CacheSnapshot
 from streamchat.engine.compiled_decode import compile_backend
 from streamchat.errors import ConfigError
 from streamchat.generation.decoder import Decoder, _Reader
-from streamchat.generation.decoding import endless_reply
+from streamchat.generation.requests import endless_reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from tests.support.models import VOCAB, tiny_model

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from streamchat.cache import SinkCache, forward
 from streamchat.engine.compiled_decode import decode_function, decode_logits
 from streamchat.generation.decoder import Decoder
-from streamchat.generation.decoding import endless_reply
+from streamchat.generation.requests import endless_reply
 from streamchat.generation.sampling import Sampler
 from streamchat.generation.settings import GenerationSettings
 from streamchat.placement.device import Accelerators

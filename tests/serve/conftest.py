@@ -119,6 +119,7 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
             settings=SETTINGS,
             system_prompt=system,
             shared_sinks=shared_sinks if shares_sinks else None,
+            regenerates=False,  # as the server's (sessions.building.session_for)
         )
         served = Served(
             name="tiny",

@@ -49,8 +49,8 @@ from streamchat.serve.apis.request import (
     refuse_unknown,
     renamed_settings,
 )
-from streamchat.serve.replying import RunningTurn, server_sent_event
 from streamchat.serve.turn import Finished
+from streamchat.serve.worker import RunningTurn, server_sent_event
 
 ACCEPTED_FIELDS = frozenset(
     {

@@ -63,8 +63,8 @@ from streamchat.serve.apis.responses_tools import (
     tool_choice_field,
     tools_field,
 )
-from streamchat.serve.replying import RunningTurn, server_sent_event
 from streamchat.serve.turn import Finished
+from streamchat.serve.worker import RunningTurn, server_sent_event
 
 ACCEPTED_FIELDS = frozenset(
     {
