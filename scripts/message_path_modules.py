@@ -57,6 +57,7 @@ FORWARD_PASS = "streamchat.placement."
 SETTINGS = GenerationSettings(max_new_tokens=8, temperature=0.0, seed=1)
 WINDOW = 256
 FIRST, SECOND = "Hello there.", "And again?"
+START_CHECKS = 6000  # a hundredth of a second each: the server starts within a minute or the count fails
 
 
 class PathTrace:
@@ -146,7 +147,7 @@ def served_path(model: Any, tokenizer: Any, api: str = "chat") -> set[str]:
             trace.recording = False
             server.should_exit = True
             worker.stop_all()
-            thread.join()
+            thread.join(60)
             worker.close()
             listener.close()
     return trace.modules
@@ -155,8 +156,12 @@ def served_path(model: Any, tokenizer: Any, api: str = "chat") -> set[str]:
 def _poster(url: str, server: uvicorn.Server) -> Callable[[str, dict[str, Any], bool], Any]:
     """POST a body to the server at `url` (once it started), on loopback only: the reply's JSON, or its text
     when streamed."""
-    while not server.started:
+    for _ in range(START_CHECKS):
+        if server.started:
+            break
         threading.Event().wait(0.01)
+    else:
+        raise RuntimeError(f"the server at {url} did not start within {START_CHECKS / 100:g} s")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def post(path: str, body: dict[str, Any], stream: bool) -> Any:
