@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "engine_scaling_figures.py"
-spec = importlib.util.spec_from_file_location("engine_scaling_figures", SCRIPT)
-figures = importlib.util.module_from_spec(spec)
-sys.modules["engine_scaling_figures"] = figures
-spec.loader.exec_module(figures)
+from tests.support.scripts import load_script
+
+figures = load_script("engine_scaling_figures")
 
 TINY = {
     "model_type": "llama",

@@ -8,20 +8,14 @@ take the lean pass too; in float32 they call no native kernel, so only the modul
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from streamchat.placement.fusion import fuse_projections
 from tests.support.model_dirs import scripted_model_and_tokenizer
+from tests.support.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "message_path_modules.py"
-spec = importlib.util.spec_from_file_location("message_path_modules", SCRIPT)
-paths = importlib.util.module_from_spec(spec)
-sys.modules["message_path_modules"] = paths
-spec.loader.exec_module(paths)
+paths = load_script("message_path_modules")
 
 THE_CONVERSATION = {
     "conversation.session",

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import gguf
 import pytest
@@ -13,11 +10,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_size_models.py"
-spec = importlib.util.spec_from_file_location("real_size_models", SCRIPT)
-real_size_models = importlib.util.module_from_spec(spec)
-sys.modules["real_size_models"] = real_size_models
-spec.loader.exec_module(real_size_models)
+from tests.support.scripts import load_script
+
+real_size_models = load_script("real_size_models")
 
 # Above the tokenizer's 600 tokens, so the GGUF's vocabulary gets filler tokens too.
 TINY = ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--vocab", "1024"]

@@ -5,17 +5,12 @@ The script itself needs the default model and minutes; it is run by hand, never 
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import threading
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "serve_hostile_check.py"
-spec = importlib.util.spec_from_file_location("serve_hostile_check", SCRIPT)
-check = importlib.util.module_from_spec(spec)
-sys.modules["serve_hostile_check"] = check
-spec.loader.exec_module(check)
+from tests.support.scripts import load_script
+
+check = load_script("serve_hostile_check")
 
 
 def served_once(pieces: list[bytes]) -> tuple[int, list[bytes]]:

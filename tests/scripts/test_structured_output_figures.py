@@ -3,19 +3,14 @@ line per side-by-side setup, each against the same rows free."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
 from tests.support.tokenizers import default_model_gguf
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "structured_output_figures.py"
-spec = importlib.util.spec_from_file_location("structured_output_figures", SCRIPT)
-figures = importlib.util.module_from_spec(spec)
-sys.modules["structured_output_figures"] = figures
-spec.loader.exec_module(figures)
+figures = load_script("structured_output_figures")
 
 pytestmark = [
     pytest.mark.default_model,
