@@ -53,7 +53,7 @@ MEETINGS = (
     "streamchat.interface.display",
     "streamchat.storage.journal",
 )
-FORWARD_PASS = "streamchat.placement."
+FORWARD_PASS = "placement."  # the forward pass's modules, as the trace names them (streamchat. left off)
 SETTINGS = GenerationSettings(max_new_tokens=8, temperature=0.0, seed=1)
 WINDOW = 256
 FIRST, SECOND = "Hello there.", "And again?"
@@ -194,10 +194,15 @@ def _said(api: str, reply: dict[str, Any]) -> str:
     return str(reply["choices"][0]["message"]["content"])
 
 
+def outside_forward_pass(modules: set[str]) -> set[str]:
+    """`modules` but the forward pass's: the model's own code, counted apart."""
+    return {name for name in modules if not name.startswith(FORWARD_PASS)}
+
+
 def report(title: str, modules: set[str]) -> list[str]:
     """Lines: how many modules, how many of them the forward pass's, then each."""
-    forward = sorted(name for name in modules if f"streamchat.{name}".startswith(FORWARD_PASS))
-    rest = sorted(modules - set(forward))
+    rest = sorted(outside_forward_pass(modules))
+    forward = sorted(modules - set(rest))
     head = f"{title}: {len(modules)} modules, {len(rest)} outside the forward pass and {len(forward)} in it"
     return [head, "  " + " ".join(rest), "  forward pass: " + " ".join(forward)]
 

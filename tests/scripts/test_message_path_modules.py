@@ -37,19 +37,14 @@ def scripted():
     return model, tokenizer
 
 
-def outside_the_forward_pass(modules: set[str]) -> set[str]:
-    return {name for name in modules if not name.startswith("placement.")}
-
-
 def test_a_repl_message_crosses_the_app_the_conversation_s_eight_and_the_screen_and_journal(scripted):
-    modules = paths.repl_path(*scripted)
-    assert outside_the_forward_pass(modules) == {"app.chat", "interface.display", "storage.journal", *THE_CONVERSATION}
+    app = {"app.chat", "interface.display", "storage.journal"}
+    assert paths.outside_forward_pass(paths.repl_path(*scripted)) == {*app, *THE_CONVERSATION}
 
 
 def test_a_served_request_crosses_the_server_s_five_the_conversation_s_eight_and_the_journal(scripted):
-    modules = paths.served_path(*scripted)
     server = {"serve.http", "serve.apis.request", "serve.matching", "serve.turn", "serve.worker"}
-    assert outside_the_forward_pass(modules) == {*server, "storage.journal", *THE_CONVERSATION}
+    assert paths.outside_forward_pass(paths.served_path(*scripted)) == {*server, "storage.journal", *THE_CONVERSATION}
 
 
 def test_the_report_counts_the_forward_pass_apart():
